@@ -1,0 +1,1 @@
+//! raftmq broker-node (being built).

@@ -1,0 +1,1 @@
+//! raftmq cli (being built).

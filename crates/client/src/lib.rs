@@ -1,0 +1,1 @@
+//! raftmq client (being built).

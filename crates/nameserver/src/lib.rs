@@ -1,0 +1,1 @@
+//! raftmq nameserver (being built).

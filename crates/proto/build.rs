@@ -1,0 +1,18 @@
+//! Compiles `proto/` with protox (a pure-Rust protobuf compiler), so no system `protoc` is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["raftmq/v1/broker.proto", "raftmq/v1/nameserver.proto", "raftmq/v1/raft.proto"];
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", root.join(f).display());
+    }
+    let fds = protox::compile(files, [&root])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptor_path = out.join("raftmq_descriptor.bin");
+    std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptor_path)
+        .skip_protoc_run()
+        .compile_fds(fds)?;
+    Ok(())
+}

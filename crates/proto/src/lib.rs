@@ -1,0 +1,31 @@
+//! Generated code for raftmq's gRPC contract (`proto/raftmq/v1/*.proto`), plus small helpers.
+//!
+//! - [`v1`]: messages and the client/server stubs of `BrokerService`, `AdminService`,
+//!   `NameserverService` and `RaftPeerService`.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
+
+/// Package `raftmq.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("raftmq.v1");
+}
+
+/// Encoded `FileDescriptorSet` of every raftmq proto file, served by gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raftmq_descriptor");
+
+impl v1::Error {
+    /// An error with a code and a message a person can act on.
+    pub fn new(code: v1::ErrorCode, message: impl Into<String>) -> Self {
+        v1::Error { code: code as i32, message: message.into(), leader: None }
+    }
+}
+
+impl std::fmt::Display for v1::Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code().as_str_name(), self.message)?;
+        if let Some(l) = &self.leader {
+            write!(f, " (leader: node {} at {})", l.node_id, l.address)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! Configuration of a member's replicated log, with shared defaults and validation.
+
+use serde::{Deserialize, Serialize};
+
+/// When an append counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlushMode {
+    /// `fdatasync` before an entry counts as stored on this member (the default): an acknowledged
+    /// message survives power loss of any minority.
+    #[default]
+    Fsync,
+    /// UNSAFE: an entry counts as stored once it is in the page cache. Survives a process crash,
+    /// but a power loss of a majority can lose acknowledged messages.
+    UnsafeNoFsync,
+}
+
+impl FlushMode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FlushMode::Fsync => "fsync",
+            FlushMode::UnsafeNoFsync => "unsafe-no-fsync",
+        }
+    }
+}
+
+pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 100;
+pub const ELECTION_TIMEOUT_MS_MIN_DEFAULT: u64 = 400;
+pub const ELECTION_TIMEOUT_MS_MAX_DEFAULT: u64 = 700;
+pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+pub const SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 60_000;
+pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+pub const MAX_PAYLOAD_ENTRIES_DEFAULT: u64 = 256;
+
+/// Knobs of the replicated log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_ms_min: u64,
+    pub election_timeout_ms_max: u64,
+    pub pre_vote: bool,
+    pub segment_bytes_max: u64,
+    pub flush_mode: FlushMode,
+    /// Deadline of installing one streamed snapshot (openraft's 200 ms default is far too small).
+    pub snapshot_timeout_ms: u64,
+    /// Entries per append RPC.
+    pub max_payload_entries: u64,
+    /// Optional shared secret that every peer request must carry.
+    pub peer_secret: Option<String>,
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        RaftConfig {
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL_MS_DEFAULT,
+            election_timeout_ms_min: ELECTION_TIMEOUT_MS_MIN_DEFAULT,
+            election_timeout_ms_max: ELECTION_TIMEOUT_MS_MAX_DEFAULT,
+            pre_vote: true,
+            segment_bytes_max: SEGMENT_BYTES_MAX_DEFAULT,
+            flush_mode: FlushMode::Fsync,
+            snapshot_timeout_ms: SNAPSHOT_TIMEOUT_MS_DEFAULT,
+            max_payload_entries: MAX_PAYLOAD_ENTRIES_DEFAULT,
+            peer_secret: None,
+        }
+    }
+}
+
+/// A configuration value that cannot work, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid config `{key}`: {reason}")]
+pub struct ConfigError {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+impl RaftConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key, reason: String| Err(ConfigError { key, reason });
+        if self.heartbeat_interval_ms == 0 {
+            return err("raft.heartbeat_interval_ms", "must be at least 1".into());
+        }
+        if self.election_timeout_ms_min <= self.heartbeat_interval_ms {
+            return err(
+                "raft.election_timeout_ms_min",
+                format!(
+                    "must exceed heartbeat_interval_ms ({})",
+                    self.heartbeat_interval_ms
+                ),
+            );
+        }
+        if self.election_timeout_ms_max <= self.election_timeout_ms_min {
+            return err(
+                "raft.election_timeout_ms_max",
+                format!(
+                    "must exceed election_timeout_ms_min ({})",
+                    self.election_timeout_ms_min
+                ),
+            );
+        }
+        if self.segment_bytes_max < (1 << 20) {
+            return err("raft.segment_bytes_max", "must be at least 1 MiB".into());
+        }
+        if self.snapshot_timeout_ms < 1000 {
+            return err("raft.snapshot_timeout_ms", "must be at least 1000".into());
+        }
+        if self.max_payload_entries == 0 {
+            return err("raft.max_payload_entries", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn to_openraft(&self, cluster: &str) -> Result<openraft::Config, ConfigError> {
+        self.validate()?;
+        let c = openraft::Config {
+            cluster_name: cluster.to_string(),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_ms_min,
+            election_timeout_max: self.election_timeout_ms_max,
+            enable_pre_vote: Some(self.pre_vote),
+            install_snapshot_timeout: self.snapshot_timeout_ms,
+            max_payload_entries: self.max_payload_entries,
+            // Messages live in the log: openraft must never purge it on its own; retention decides.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
+            max_in_snapshot_log_to_keep: u64::MAX,
+            ..Default::default()
+        };
+        c.validate().map_err(|e| ConfigError {
+            key: "raft",
+            reason: e.to_string(),
+        })
+    }
+}

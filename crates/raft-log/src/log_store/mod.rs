@@ -1,0 +1,519 @@
+//! Log storage of our own: the Raft log of a broker group is its commit log.
+//!
+//! Entries live in segment files of append-only records (format in [`record`]). Each segment keeps
+//! an in-memory index from Raft index to file position, so a lookup never scans. Small metadata —
+//! the vote, the committed log id, the last purged log id — lives in sled ([`meta`]).
+//!
+//! Contract with openraft:
+//! - `append` writes the records into the page cache and returns; the callback fires only after a
+//!   flusher thread has `fdatasync`ed them. One fsync covers every append queued before it (group
+//!   commit). With `FlushMode::Fsync` (the default) nothing is acknowledged before it is on disk.
+//! - `save_vote` first waits until every earlier append is on disk, then writes the vote to sled and
+//!   flushes it, so a vote is never persisted ahead of the log it was cast with.
+//! - `truncate_after` and `purge` are durable before they return (they are rare).
+//! - Any I/O error is returned to openraft (or passed to the callback), which then stops the node:
+//!   a member whose storage fails must not keep voting.
+
+pub mod meta;
+pub mod record;
+mod segment;
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::File;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+
+use openraft::OptionalSend;
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+
+use crate::config::FlushMode;
+use crate::types::{Entry, EntryPayload, LogId, TypeConfig, Vote};
+use meta::Meta;
+use segment::Segment;
+
+/// The shared state of the log: segments and the tail.
+struct Inner {
+    dir: PathBuf,
+    segments: BTreeMap<u64, Segment>,
+    last: Option<LogId>,
+    segment_bytes_max: u64,
+}
+
+/// The durable Raft log of one member.
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<RwLock<Inner>>,
+    meta: Meta,
+    flusher: Flusher,
+}
+
+/// A reader of the log, cloned into openraft's replication tasks and the broker's pull path.
+#[derive(Clone)]
+pub struct LogReader {
+    inner: Arc<RwLock<Inner>>,
+    meta: Meta,
+}
+
+/// What recovery found when the log was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub entries: u64,
+    /// Bytes cut from the tail of the last segment (a torn or unsynced write).
+    pub truncated_bytes: u64,
+    /// Segments removed after a damaged record in an earlier segment.
+    pub dropped_segments: usize,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, validating every record and cutting a torn tail.
+    pub fn open(
+        dir: &Path,
+        meta: Meta,
+        segment_bytes_max: u64,
+        flush_mode: FlushMode,
+    ) -> io::Result<(Self, RecoveryReport)> {
+        std::fs::create_dir_all(dir)?;
+        let mut report = RecoveryReport::default();
+        let mut firsts: Vec<(u64, PathBuf)> = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(stem) = name.strip_suffix(".log")
+                && let Ok(first) = stem.parse::<u64>()
+            {
+                firsts.push((first, e.path()));
+            }
+        }
+        firsts.sort();
+        let purged = meta.purged()?;
+        let mut segments = BTreeMap::new();
+        let mut expect_next: Option<u64> = None;
+        let mut damaged = false;
+        for (i, (first, path)) in firsts.iter().enumerate() {
+            if damaged || expect_next.is_some_and(|n| n != *first) {
+                // Everything after a damaged record, or after a gap, cannot be trusted to be dense.
+                tracing::error!(path = %path.display(), "removing log segment after a damaged record or gap");
+                std::fs::remove_file(path)?;
+                report.dropped_segments += 1;
+                damaged = true;
+                continue;
+            }
+            let is_last = i + 1 == firsts.len();
+            let (seg, cut) = Segment::recover(path, *first)?;
+            if cut > 0 {
+                report.truncated_bytes += cut;
+                if !is_last {
+                    tracing::error!(path = %path.display(), cut, "damaged record inside a sealed log segment; later segments dropped");
+                    damaged = true;
+                } else {
+                    tracing::warn!(path = %path.display(), cut, "cut a torn tail from the log");
+                }
+            }
+            report.entries += seg.count();
+            expect_next = Some(seg.next_index());
+            if seg.count() == 0 && !is_last && !damaged {
+                std::fs::remove_file(path)?;
+                continue;
+            }
+            segments.insert(*first, seg);
+        }
+        report.segments = segments.len();
+        let mut inner = Inner {
+            dir: dir.to_path_buf(),
+            segments,
+            last: None,
+            segment_bytes_max,
+        };
+        inner.last = inner.read_last_log_id()?.or(purged);
+        sync_dir(dir)?;
+        let flusher = Flusher::start(flush_mode);
+        Ok((
+            LogStore {
+                inner: Arc::new(RwLock::new(inner)),
+                meta,
+                flusher,
+            },
+            report,
+        ))
+    }
+
+    pub fn reader(&self) -> LogReader {
+        LogReader {
+            inner: self.inner.clone(),
+            meta: self.meta.clone(),
+        }
+    }
+
+    /// Bytes of every segment file, for disk-use metrics and retention.
+    pub fn disk_bytes(&self) -> u64 {
+        self.inner
+            .read()
+            .map(|g| g.segments.values().map(|s| s.len()).sum())
+            .unwrap_or(0)
+    }
+
+    /// (first index, last index, byte length, modified time) of every sealed segment, oldest first.
+    pub fn sealed_segments(&self) -> Vec<(u64, u64, u64, Option<std::time::SystemTime>)> {
+        let Ok(g) = self.inner.read() else {
+            return Vec::new();
+        };
+        let n = g.segments.len();
+        g.segments
+            .values()
+            .take(n.saturating_sub(1))
+            .map(|s| {
+                (
+                    s.first_index(),
+                    s.next_index().saturating_sub(1),
+                    s.len(),
+                    s.modified(),
+                )
+            })
+            .collect()
+    }
+
+    fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Option<Arc<File>>> {
+        let mut g = self.inner.write().map_err(|_| poisoned())?;
+        let mut buf = Vec::with_capacity(64 << 10);
+        let mut file = None;
+        let mut batch_first: Option<u64> = None;
+        let mut idx_in_buf: Vec<(u64, u64)> = Vec::new(); // (index, offset in buf)
+        for e in entries {
+            let id = e.log_id;
+            if let Some(last) = g.last
+                && id.index != last.index + 1
+            {
+                return Err(io::Error::other(format!(
+                    "log hole: appending index {} after {}",
+                    id.index, last.index
+                )));
+            }
+            let need_roll = match g.segments.values().next_back() {
+                None => true,
+                Some(s) => {
+                    s.len() + buf.len() as u64 >= g.segment_bytes_max
+                        && (s.count() > 0 || !buf.is_empty())
+                }
+            };
+            if need_roll {
+                if !buf.is_empty() {
+                    file = Some(g.flush_buf(&mut buf, &mut idx_in_buf)?);
+                }
+                let dir = g.dir.clone();
+                let seg = Segment::create(&dir, id.index)?;
+                sync_dir(&dir)?;
+                g.segments.insert(id.index, seg);
+                batch_first = None;
+            }
+            batch_first.get_or_insert(id.index);
+            idx_in_buf.push((id.index, buf.len() as u64));
+            record::encode(&mut buf, &id, &e.payload)?;
+            g.last = Some(id);
+        }
+        if !buf.is_empty() {
+            file = Some(g.flush_buf(&mut buf, &mut idx_in_buf)?);
+        }
+        Ok(file)
+    }
+
+    /// Blocks until every append submitted so far is on disk.
+    fn barrier(&self) -> io::Result<()> {
+        let file = {
+            let g = self.inner.read().map_err(|_| poisoned())?;
+            g.segments.values().next_back().map(|s| s.file())
+        };
+        let (tx, rx) = mpsc::channel();
+        self.flusher.submit(FlushJob {
+            file,
+            done: FlushDone::Barrier(tx),
+        });
+        rx.recv()
+            .map_err(|_| io::Error::other("log flusher stopped"))?
+    }
+}
+
+impl Inner {
+    fn flush_buf(&mut self, buf: &mut Vec<u8>, idx: &mut Vec<(u64, u64)>) -> io::Result<Arc<File>> {
+        let seg = self
+            .segments
+            .values_mut()
+            .next_back()
+            .ok_or_else(|| io::Error::other("no active segment"))?;
+        seg.append(buf, idx)?;
+        buf.clear();
+        idx.clear();
+        Ok(seg.file())
+    }
+
+    fn read_last_log_id(&self) -> io::Result<Option<LogId>> {
+        for s in self.segments.values().rev() {
+            if s.count() > 0 {
+                return Ok(Some(s.read_header(s.next_index() - 1)?.log_id()));
+            }
+        }
+        Ok(None)
+    }
+
+    fn segment_of(&self, index: u64) -> Option<&Segment> {
+        let (_, s) = self.segments.range(..=index).next_back()?;
+        (index < s.next_index()).then_some(s)
+    }
+
+    fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
+        let mut out = Vec::new();
+        let mut i = start;
+        while i < end {
+            let Some(seg) = self.segment_of(i) else { break };
+            let stop = end.min(seg.next_index());
+            seg.read_entries(i, stop, &mut out)?;
+            i = stop;
+        }
+        Ok(out)
+    }
+}
+
+fn poisoned() -> io::Error {
+    io::Error::other("log store lock poisoned by an earlier panic")
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn range_to(range: &impl RangeBounds<u64>, last: Option<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(s) => *s,
+        Bound::Excluded(s) => s + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(e) => e + 1,
+        Bound::Excluded(e) => *e,
+        Bound::Unbounded => last.map(|l| l + 1).unwrap_or(0),
+    };
+    (start, end)
+}
+
+impl LogReader {
+    /// Reads committed or uncommitted entries `[start, end)` that are present; used by the broker to
+    /// serve pulls. Stops early at a hole (purged or not yet written).
+    pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
+        let g = self.inner.read().map_err(|_| poisoned())?;
+        g.read_range(start, end)
+    }
+
+    /// The first index still present in the log, if any.
+    pub fn first_index(&self) -> Option<u64> {
+        let g = self.inner.read().ok()?;
+        g.segments
+            .values()
+            .find(|s| s.count() > 0)
+            .map(|s| s.first_index())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let g = self.inner.read().map_err(|_| poisoned())?;
+        let (start, end) = range_to(&range, g.last.map(|l| l.index));
+        let rows = g.read_range(start, end)?;
+        Ok(rows
+            .into_iter()
+            .map(|(log_id, payload)| Entry { log_id, payload })
+            .collect())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.meta.vote()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let purged = self.meta.purged()?;
+        let g = self.inner.read().map_err(|_| poisoned())?;
+        let last = g.last.or(purged);
+        Ok(LogState {
+            last_purged_log_id: purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.reader()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        self.barrier()?;
+        self.meta.save_vote(vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        self.meta.save_committed(committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        self.meta.committed()
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        match self.write_entries(entries) {
+            Ok(file) => {
+                self.flusher.submit(FlushJob {
+                    file,
+                    done: FlushDone::Raft(callback),
+                });
+                Ok(())
+            }
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        self.barrier()?;
+        let mut g = self.inner.write().map_err(|_| poisoned())?;
+        let keep_next = last_log_id.map(|l| l.index + 1).unwrap_or(0);
+        let doomed: Vec<u64> = g.segments.range(keep_next..).map(|(k, _)| *k).collect();
+        for first in doomed {
+            if let Some(seg) = g.segments.remove(&first) {
+                seg.remove()?;
+            }
+        }
+        if let Some((_, seg)) = g.segments.range_mut(..keep_next).next_back() {
+            seg.truncate_to(keep_next)?;
+        }
+        g.last = last_log_id;
+        let dir = g.dir.clone();
+        drop(g);
+        sync_dir(&dir)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        self.meta.save_purged(&log_id)?;
+        let mut g = self.inner.write().map_err(|_| poisoned())?;
+        let n = g.segments.len();
+        let doomed: Vec<u64> = g
+            .segments
+            .values()
+            .take(n.saturating_sub(1))
+            .filter(|s| s.next_index() <= log_id.index + 1)
+            .map(|s| s.first_index())
+            .collect();
+        for first in doomed {
+            if let Some(seg) = g.segments.remove(&first) {
+                seg.remove()?;
+            }
+        }
+        if g.last.is_none_or(|l| l.index < log_id.index) {
+            g.last = Some(log_id);
+        }
+        let dir = g.dir.clone();
+        drop(g);
+        sync_dir(&dir)
+    }
+}
+
+/// What to do once a flush completes.
+enum FlushDone {
+    Raft(IOFlushed<TypeConfig>),
+    Barrier(mpsc::Sender<io::Result<()>>),
+}
+
+struct FlushJob {
+    file: Option<Arc<File>>,
+    done: FlushDone,
+}
+
+/// The group-commit thread: it takes every queued job, `fdatasync`s each distinct file once, then
+/// completes the jobs in submission order.
+#[derive(Clone)]
+struct Flusher {
+    tx: Arc<Mutex<mpsc::Sender<FlushJob>>>,
+}
+
+impl Flusher {
+    fn start(mode: FlushMode) -> Flusher {
+        let (tx, rx) = mpsc::channel::<FlushJob>();
+        std::thread::Builder::new()
+            .name("raft-log-flusher".into())
+            .spawn(move || flusher_loop(rx, mode))
+            .expect("spawn the log flusher thread");
+        Flusher {
+            tx: Arc::new(Mutex::new(tx)),
+        }
+    }
+
+    fn submit(&self, job: FlushJob) {
+        let sent = self.tx.lock().map(|tx| tx.send(job));
+        if let Ok(Err(mpsc::SendError(job))) = sent {
+            complete(job.done, Err(io::Error::other("log flusher stopped")));
+        }
+    }
+}
+
+fn complete(done: FlushDone, r: io::Result<()>) {
+    match done {
+        FlushDone::Raft(cb) => cb.io_completed(r),
+        FlushDone::Barrier(tx) => {
+            let _ = tx.send(r);
+        }
+    }
+}
+
+fn flusher_loop(rx: mpsc::Receiver<FlushJob>, mode: FlushMode) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(j) = rx.try_recv() {
+            jobs.push(j);
+        }
+        let sync = matches!(mode, FlushMode::Fsync)
+            || jobs.iter().any(|j| matches!(j.done, FlushDone::Barrier(_)));
+        let mut result: io::Result<()> = Ok(());
+        if sync {
+            let mut synced: Vec<*const File> = Vec::new();
+            for j in &jobs {
+                if let Some(f) = &j.file {
+                    let p = Arc::as_ptr(f);
+                    if !synced.contains(&p) {
+                        synced.push(p);
+                        let t = std::time::Instant::now();
+                        if let Err(e) = f.sync_data() {
+                            result = Err(e);
+                            break;
+                        }
+                        crate::metrics::observe_fsync(t.elapsed());
+                    }
+                }
+            }
+        }
+        for j in jobs {
+            let r = match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+            };
+            complete(j.done, r);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! One segment file: append-only records (see [`super::record`]) and the in-memory index from Raft
+//! index to file position.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::record::{self, HEADER_BYTES, Header, PAYLOAD_BYTES_MAX};
+use crate::types::{EntryPayload, LogId};
+
+pub struct Segment {
+    first_index: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    /// `positions[i]` is the file offset of the record of index `first_index + i`.
+    positions: Vec<u64>,
+    len: u64,
+}
+
+impl Segment {
+    pub fn path_for(dir: &Path, first_index: u64) -> PathBuf {
+        dir.join(format!("{first_index:020}.log"))
+    }
+
+    pub fn create(dir: &Path, first_index: u64) -> io::Result<Segment> {
+        let path = Self::path_for(dir, first_index);
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        file.set_len(0)?;
+        Ok(Segment {
+            first_index,
+            path,
+            file: Arc::new(file),
+            positions: Vec::new(),
+            len: 0,
+        })
+    }
+
+    /// Opens a segment and validates it record by record. Returns the segment holding the longest
+    /// valid dense prefix and the number of bytes cut after it.
+    pub fn recover(path: &Path, first_index: u64) -> io::Result<(Segment, u64)> {
+        let file = OpenOptions::new().read(true).append(true).open(path)?;
+        let file_len = file.metadata()?.len();
+        let mut positions = Vec::new();
+        let mut pos = 0u64;
+        let mut payload = Vec::new();
+        loop {
+            if pos + HEADER_BYTES as u64 > file_len {
+                break;
+            }
+            let mut hb = [0u8; HEADER_BYTES];
+            file.read_exact_at(&mut hb, pos)?;
+            let h = Header::parse(&hb);
+            let expected_index = first_index + positions.len() as u64;
+            if h.index != expected_index
+                || h.payload_len > PAYLOAD_BYTES_MAX
+                || pos + h.record_len() > file_len
+            {
+                break;
+            }
+            payload.resize(h.payload_len as usize, 0);
+            file.read_exact_at(&mut payload, pos + HEADER_BYTES as u64)?;
+            if record::checksum(&hb[8..], &payload) != h.crc {
+                break;
+            }
+            positions.push(pos);
+            pos += h.record_len();
+        }
+        let cut = file_len - pos;
+        if cut > 0 {
+            file.set_len(pos)?;
+            file.sync_all()?;
+        }
+        Ok((
+            Segment {
+                first_index,
+                path: path.to_path_buf(),
+                file: Arc::new(file),
+                positions,
+                len: pos,
+            },
+            cut,
+        ))
+    }
+
+    pub fn first_index(&self) -> u64 {
+        self.first_index
+    }
+    pub fn next_index(&self) -> u64 {
+        self.first_index + self.positions.len() as u64
+    }
+    pub fn count(&self) -> u64 {
+        self.positions.len() as u64
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn file(&self) -> Arc<File> {
+        self.file.clone()
+    }
+    pub fn modified(&self) -> Option<std::time::SystemTime> {
+        self.file.metadata().and_then(|m| m.modified()).ok()
+    }
+
+    /// Appends encoded records; `idx` holds (index, offset within `buf`) of each.
+    pub fn append(&mut self, buf: &[u8], idx: &[(u64, u64)]) -> io::Result<()> {
+        if let Some((first, _)) = idx.first()
+            && *first != self.next_index()
+        {
+            return Err(io::Error::other(format!(
+                "segment expects index {}, got {first}",
+                self.next_index()
+            )));
+        }
+        (&*self.file).write_all(buf)?;
+        for (_, off) in idx {
+            self.positions.push(self.len + off);
+        }
+        self.len += buf.len() as u64;
+        Ok(())
+    }
+
+    fn end_of(&self, index: u64) -> u64 {
+        let i = (index - self.first_index) as usize;
+        self.positions.get(i + 1).copied().unwrap_or(self.len)
+    }
+
+    pub fn read_header(&self, index: u64) -> io::Result<Header> {
+        let pos = self.positions[(index - self.first_index) as usize];
+        let mut hb = [0u8; HEADER_BYTES];
+        self.file.read_exact_at(&mut hb, pos)?;
+        Ok(Header::parse(&hb))
+    }
+
+    /// Reads records `[start, end)` (all inside this segment) with one read, checking each CRC.
+    pub fn read_entries(
+        &self,
+        start: u64,
+        end: u64,
+        out: &mut Vec<(LogId, EntryPayload)>,
+    ) -> io::Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let from = self.positions[(start - self.first_index) as usize];
+        let to = self.end_of(end - 1);
+        let mut buf = vec![0u8; (to - from) as usize];
+        self.file.read_exact_at(&mut buf, from)?;
+        let mut off = 0usize;
+        for index in start..end {
+            let hb: &[u8; HEADER_BYTES] = buf[off..off + HEADER_BYTES]
+                .try_into()
+                .expect("header bytes");
+            let h = Header::parse(hb);
+            let body = &buf[off + HEADER_BYTES..off + h.record_len() as usize];
+            if h.index != index || record::checksum(&hb[8..], body) != h.crc {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "log record {index} in {} failed its CRC check",
+                        self.path.display()
+                    ),
+                ));
+            }
+            out.push((h.log_id(), record::decode_payload(body)?));
+            off += h.record_len() as usize;
+        }
+        Ok(())
+    }
+
+    /// Cuts every record from `next` on, durably.
+    pub fn truncate_to(&mut self, next: u64) -> io::Result<()> {
+        if next >= self.next_index() {
+            return Ok(());
+        }
+        let keep = next.saturating_sub(self.first_index) as usize;
+        let new_len = self.positions.get(keep).copied().unwrap_or(self.len);
+        self.positions.truncate(keep);
+        self.file.set_len(new_len)?;
+        self.file.sync_all()?;
+        self.len = new_len;
+        Ok(())
+    }
+
+    pub fn remove(self) -> io::Result<()> {
+        std::fs::remove_file(&self.path)
+    }
+}

@@ -1,0 +1,308 @@
+//! The peer network, client side: one lazily connected gRPC channel per peer, reused by every RPC
+//! to it and reconnected by tonic after a failure. Every RPC is bounded by the deadline openraft
+//! passes in its `RPCOption` (openraft itself does not time RPCs out). A member never dials itself.
+//!
+//! openraft's requests and replies travel as postcard bytes inside `RaftRequest`/`RaftReply`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use raftmq_proto::v1::raft_peer_service_client::RaftPeerServiceClient;
+use raftmq_proto::v1::{PeerHeader, RaftReply, RaftRequest, SnapshotChunk};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::state_machine::Snapshot;
+use crate::types::{NodeId, TypeConfig, Vote};
+
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// Who we are, stamped on every request so a peer can refuse requests from another group.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub cluster: String,
+    pub broker: String,
+    pub node_id: NodeId,
+    pub secret: Option<String>,
+}
+
+impl Identity {
+    fn header(&self) -> PeerHeader {
+        PeerHeader {
+            cluster: self.cluster.clone(),
+            broker: self.broker.clone(),
+            from_node_id: self.node_id,
+            secret: self.secret.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct NetworkFactory {
+    me: Identity,
+    channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
+}
+
+impl NetworkFactory {
+    pub fn new(me: Identity) -> NetworkFactory {
+        NetworkFactory {
+            me,
+            channels: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, String> {
+        let mut g = self
+            .channels
+            .lock()
+            .map_err(|_| "channel map poisoned".to_string())?;
+        if let Some(c) = g.get(&(target, addr.to_string())) {
+            return Ok(c.clone());
+        }
+        let uri = if addr.starts_with("http") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let ep = Endpoint::from_shared(uri)
+            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .initial_stream_window_size(8 << 20)
+            .initial_connection_window_size(16 << 20);
+        let c = ep.connect_lazy();
+        g.insert((target, addr.to_string()), c.clone());
+        Ok(c)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &openraft::BasicNode) -> PeerClient {
+        let channel = if target == self.me.node_id {
+            Err(format!(
+                "node {target} is this node; a member never dials itself"
+            ))
+        } else {
+            self.channel(target, &node.addr)
+        };
+        PeerClient {
+            me: self.me.clone(),
+            target,
+            channel,
+        }
+    }
+}
+
+pub struct PeerClient {
+    me: Identity,
+    target: NodeId,
+    channel: Result<Channel, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+fn unreachable<E>(m: impl Into<String>) -> E
+where
+    E: From<Unreachable<TypeConfig>>,
+{
+    Unreachable::<TypeConfig>::new(&Msg(m.into())).into()
+}
+
+fn network<E>(m: impl Into<String>) -> E
+where
+    E: From<NetworkError<TypeConfig>>,
+{
+    NetworkError::<TypeConfig>::new(&Msg(m.into())).into()
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    postcard::to_stdvec(v).map_err(|e| format!("encode: {e}"))
+}
+
+pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(b).map_err(|e| format!("decode: {e}"))
+}
+
+enum Kind {
+    Append,
+    Vote,
+    PreVote,
+    Transfer,
+}
+
+impl PeerClient {
+    fn client(&self) -> Result<RaftPeerServiceClient<Channel>, RPCError<TypeConfig>> {
+        match &self.channel {
+            Ok(c) => Ok(RaftPeerServiceClient::new(c.clone())
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20)),
+            Err(e) => Err(unreachable(e.clone())),
+        }
+    }
+
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &mut self,
+        kind: Kind,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let mut client = self.client()?;
+        let payload = encode(req).map_err(network::<RPCError<TypeConfig>>)?;
+        let mut request = tonic::Request::new(RaftRequest {
+            header: Some(self.me.header()),
+            payload,
+        });
+        let ttl = option.hard_ttl();
+        request.set_timeout(ttl);
+        let fut = async {
+            match kind {
+                Kind::Append => client.append_entries(request).await,
+                Kind::Vote => client.vote(request).await,
+                Kind::PreVote => client.pre_vote(request).await,
+                Kind::Transfer => client.transfer_leader(request).await,
+            }
+        };
+        let reply = match tokio::time::timeout(ttl, fut).await {
+            Err(_) => {
+                return Err(network(format!(
+                    "peer {} did not answer within {ttl:?}",
+                    self.target
+                )));
+            }
+            Ok(Err(status)) => return Err(status_to_rpc(self.target, status)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        reply_payload(self.target, reply)
+    }
+}
+
+fn status_to_rpc(target: NodeId, status: tonic::Status) -> RPCError<TypeConfig> {
+    let m = format!("peer {target}: {status}");
+    if status.code() == tonic::Code::Unavailable {
+        unreachable(m)
+    } else {
+        network(m)
+    }
+}
+
+fn reply_payload<Resp: DeserializeOwned>(
+    target: NodeId,
+    reply: RaftReply,
+) -> Result<Resp, RPCError<TypeConfig>> {
+    if !reply.error.is_empty() {
+        return Err(network(format!("peer {target} refused: {}", reply.error)));
+    }
+    decode(&reply.payload).map_err(network::<RPCError<TypeConfig>>)
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = Vec<u8>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Kind::Append, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Kind::Vote, &rpc, &option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Kind::PreVote, &rpc, &option).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call(Kind::Transfer, &req, &option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let mut client = match &self.channel {
+            Ok(c) => RaftPeerServiceClient::new(c.clone()).max_decoding_message_size(256 << 20),
+            Err(e) => return Err(unreachable(e.clone())),
+        };
+        let meta = encode(&(vote, snapshot.meta.clone()))
+            .map_err(network::<StreamingError<TypeConfig>>)?;
+        let header = self.me.header();
+        let data = snapshot.snapshot;
+        let mut chunks = Vec::new();
+        let mut first = true;
+        let mut off = 0;
+        loop {
+            let end = (off + SNAPSHOT_CHUNK_BYTES).min(data.len());
+            let done = end == data.len();
+            chunks.push(SnapshotChunk {
+                header: first.then(|| header.clone()),
+                meta: if first { meta.clone() } else { Vec::new() },
+                data: data[off..end].to_vec(),
+                done,
+            });
+            first = false;
+            off = end;
+            if done {
+                break;
+            }
+        }
+        let ttl = option.hard_ttl();
+        let mut request = tonic::Request::new(tokio_stream::iter(chunks));
+        request.set_timeout(ttl);
+        let target = self.target;
+        let send = async move {
+            match tokio::time::timeout(ttl, client.install_snapshot(request)).await {
+                Err(_) => Err(network::<StreamingError<TypeConfig>>(format!(
+                    "peer {target} did not take the snapshot within {ttl:?}"
+                ))),
+                Ok(Err(status)) => Err(network(format!("peer {target}: {status}"))),
+                Ok(Ok(r)) => {
+                    let reply = r.into_inner();
+                    if !reply.error.is_empty() {
+                        return Err(network(format!(
+                            "peer {target} refused the snapshot: {}",
+                            reply.error
+                        )));
+                    }
+                    decode(&reply.payload).map_err(network::<StreamingError<TypeConfig>>)
+                }
+            }
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            r = send => r,
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! A member of a broker group's Raft group: the public API the broker uses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use openraft::Instant as _;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::rt::WatchReceiver;
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use raftmq_proto::v1::raft_peer_service_server::RaftPeerServiceServer;
+use tokio::sync::watch;
+
+use crate::config::RaftConfig;
+use crate::error::{Error, ProposeError};
+use crate::log_store::{LogReader, LogStore, RecoveryReport, meta::Meta};
+use crate::network::{Identity, NetworkFactory};
+use crate::server::PeerServer;
+use crate::state_machine::{Adapter, Shared, StateMachine};
+use crate::types::{EntryPayload, Raft};
+
+/// What a member needs to start.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    pub cluster: String,
+    pub broker: String,
+    pub node_id: u64,
+    /// The initial voters (node id → peer address), this member included. Used only on the first
+    /// start, to bootstrap the group; later starts reuse what is on disk.
+    pub initial_members: BTreeMap<u64, String>,
+    pub data_dir: PathBuf,
+    pub raft: RaftConfig,
+}
+
+/// A member's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+impl Role {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Learner => "learner",
+            Role::Shutdown => "down",
+        }
+    }
+}
+
+/// The replication progress of one peer, as the leader sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerProgress {
+    pub node_id: u64,
+    pub address: String,
+    pub voter: bool,
+    pub matched: Option<u64>,
+    pub lag: u64,
+    /// Milliseconds since the leader last heard from this peer.
+    pub last_ack_ms: Option<u64>,
+}
+
+/// A plain view of a member's Raft state; no openraft type leaks out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub node_id: u64,
+    pub role: Role,
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub last_log_index: u64,
+    pub committed: u64,
+    pub applied: u64,
+    pub purged: u64,
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+    pub addresses: BTreeMap<u64, String>,
+    /// Set on the leader: progress of every other member.
+    pub peers: Vec<PeerProgress>,
+    /// On a follower: milliseconds since the last AppendEntries from a leader (None = never).
+    pub millis_since_leader_contact: Option<u64>,
+}
+
+impl Status {
+    pub fn leader_address(&self) -> Option<(u64, String)> {
+        let id = self.leader?;
+        Some((id, self.addresses.get(&id).cloned().unwrap_or_default()))
+    }
+}
+
+/// A running member.
+pub struct Member<S: StateMachine> {
+    raft: Raft<Adapter<S>>,
+    shared: Arc<Shared<S>>,
+    reader: LogReader,
+    store: LogStore,
+    me: Identity,
+    last_append_ms: Arc<AtomicU64>,
+    started: Instant,
+    status_rx: watch::Receiver<Status>,
+    recovery: RecoveryReport,
+    _db: sled::Db,
+}
+
+impl<S: StateMachine> Member<S> {
+    /// Opens the data dir, recovers the log, and starts Raft. On the very first start (nothing on
+    /// disk) it bootstraps the group from `initial_members`.
+    pub async fn start(cfg: MemberConfig, sm: S) -> Result<Self, Error> {
+        let oc = Arc::new(
+            cfg.raft
+                .to_openraft(&format!("{}/{}", cfg.cluster, cfg.broker))?,
+        );
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| Error::io("create the data dir", e))?;
+        let db = sled::Config::new()
+            .path(cfg.data_dir.join("meta"))
+            .flush_every_ms(Some(200))
+            .open()
+            .map_err(|e| Error::Storage(format!("open metadata store: {e}")))?;
+        let tree = db
+            .open_tree("raft")
+            .map_err(|e| Error::Storage(format!("open metadata tree: {e}")))?;
+        let meta = Meta::new(tree);
+        let (store, recovery) = LogStore::open(
+            &cfg.data_dir.join("log"),
+            meta,
+            cfg.raft.segment_bytes_max,
+            cfg.raft.flush_mode,
+        )
+        .map_err(|e| Error::io("open the log", e))?;
+        if recovery.truncated_bytes > 0 || recovery.dropped_segments > 0 {
+            tracing::warn!(?recovery, "log recovery cut damaged or unsynced records");
+        }
+        let reader = store.reader();
+        let (adapter, shared) = Adapter::new(sm, &cfg.data_dir.join("sm"))
+            .map_err(|e| Error::io("open snapshots", e))?;
+        let me = Identity {
+            cluster: cfg.cluster.clone(),
+            broker: cfg.broker.clone(),
+            node_id: cfg.node_id,
+            secret: cfg.raft.peer_secret.clone(),
+        };
+        let net = NetworkFactory::new(me.clone());
+        let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| Error::Raft(e.to_string()))?;
+        if !initialized {
+            if !cfg.initial_members.contains_key(&cfg.node_id) {
+                return Err(Error::Config(format!(
+                    "node {} is not among the initial members {:?} and has no data to rejoin from",
+                    cfg.node_id,
+                    cfg.initial_members.keys().collect::<Vec<_>>()
+                )));
+            }
+            let members: BTreeMap<u64, BasicNode> = cfg
+                .initial_members
+                .iter()
+                .map(|(id, a)| (*id, BasicNode { addr: a.clone() }))
+                .collect();
+            // Every initial member writes the same first membership entry; doing it on all of them
+            // is safe and spares a start-up order.
+            if let Err(e) = raft.initialize(members).await {
+                tracing::info!(error = %e, "initialize skipped");
+            }
+        }
+        let last_append_ms = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
+        spawn_status_task(raft.clone(), status_tx, last_append_ms.clone(), started);
+        Ok(Member {
+            raft,
+            shared,
+            reader,
+            store,
+            me,
+            last_append_ms,
+            started,
+            status_rx,
+            recovery,
+            _db: db,
+        })
+    }
+
+    /// The gRPC service peers call; serve it on the member's port.
+    pub fn peer_service(&self) -> RaftPeerServiceServer<PeerServer<S>> {
+        RaftPeerServiceServer::new(PeerServer {
+            raft: self.raft.clone(),
+            me: self.me.clone(),
+            last_append_ms: self.last_append_ms.clone(),
+            started: self.started,
+        })
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20)
+    }
+
+    /// Proposes one entry; returns its log index and the state machine's reply once it is committed
+    /// (on a majority's disks) and applied here.
+    pub async fn propose(&self, payload: Bytes) -> Result<(u64, Bytes), ProposeError> {
+        match self.raft.client_write(crate::types::Payload(payload)).await {
+            Ok(r) => Ok((r.log_id.index, r.data.0)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ProposeError::NotLeader {
+                    leader: f
+                        .leader_id
+                        .map(|id| (id, f.leader_node.map(|n| n.addr).unwrap_or_default())),
+                })
+            }
+            Err(RaftError::APIError(e)) => Err(ProposeError::Unavailable(e.to_string())),
+            Err(RaftError::Fatal(e)) => Err(ProposeError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Reads entries `[start, end)` that are present in this member's log, with their payloads
+    /// (None for blank and membership entries).
+    pub fn read_entries(&self, start: u64, end: u64) -> std::io::Result<Vec<(u64, Option<Bytes>)>> {
+        Ok(self
+            .reader
+            .read(start, end)?
+            .into_iter()
+            .map(|(id, p)| {
+                let data = match p {
+                    EntryPayload::Normal(d) => Some(d.0),
+                    _ => None,
+                };
+                (id.index, data)
+            })
+            .collect())
+    }
+
+    /// The first index still held in the log.
+    pub fn first_log_index(&self) -> Option<u64> {
+        self.reader.first_index()
+    }
+
+    /// The state machine, to read (briefly; apply takes the write lock).
+    pub fn state(&self) -> &std::sync::RwLock<S> {
+        &self.shared.sm
+    }
+
+    pub fn status(&self) -> Status {
+        self.status_rx.borrow().clone()
+    }
+
+    /// A watch of the status, updated on every Raft metrics change.
+    pub fn watch(&self) -> watch::Receiver<Status> {
+        self.status_rx.clone()
+    }
+
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        self.store.disk_bytes()
+    }
+
+    /// Asks the leader to hand leadership to `to`. Only a caught-up member can take it.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), ProposeError> {
+        let st = self.status();
+        if st.role != Role::Leader {
+            return Err(ProposeError::NotLeader {
+                leader: st.leader_address(),
+            });
+        }
+        if !st.voters.contains(&to) {
+            return Err(ProposeError::Invalid(format!(
+                "node {to} is not a voter of this group"
+            )));
+        }
+        if to == self.me.node_id {
+            return Ok(());
+        }
+        let caught_up = st.peers.iter().any(|p| p.node_id == to && p.lag == 0);
+        if !caught_up {
+            return Err(ProposeError::Unavailable(format!(
+                "node {to} has not caught up with the leader's log"
+            )));
+        }
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ProposeError::Fatal(e.to_string()))
+    }
+
+    /// Adds a non-voting learner and waits until it has caught up.
+    pub async fn add_learner(&self, node_id: u64, address: String) -> Result<(), ProposeError> {
+        self.raft
+            .add_learner(node_id, BasicNode { addr: address }, true)
+            .await
+            .map(|_| ())
+            .map_err(map_write_err)
+    }
+
+    /// Sets the voters (promoting learners, removing members) through joint consensus.
+    pub async fn change_voters(&self, voters: BTreeSet<u64>) -> Result<(), ProposeError> {
+        if voters.is_empty() {
+            return Err(ProposeError::Invalid(
+                "the voter set cannot be empty".into(),
+            ));
+        }
+        self.raft
+            .change_membership(ChangeMembers::ReplaceAllVoters(voters), false)
+            .await
+            .map(|_| ())
+            .map_err(map_write_err)
+    }
+
+    /// Triggers an election on this member now (used by a preferred leader).
+    pub async fn trigger_elect(&self) -> Result<(), ProposeError> {
+        self.raft
+            .trigger()
+            .elect(true)
+            .await
+            .map_err(|e| ProposeError::Fatal(e.to_string()))
+    }
+
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+fn map_write_err(
+    e: RaftError<crate::types::TypeConfig, ClientWriteError<crate::types::TypeConfig>>,
+) -> ProposeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
+            leader: f
+                .leader_id
+                .map(|id| (id, f.leader_node.map(|n| n.addr).unwrap_or_default())),
+        },
+        RaftError::APIError(e) => ProposeError::Invalid(e.to_string()),
+        RaftError::Fatal(e) => ProposeError::Fatal(e.to_string()),
+    }
+}
+
+fn initial_status(node_id: u64) -> Status {
+    Status {
+        node_id,
+        role: Role::Follower,
+        term: 0,
+        leader: None,
+        last_log_index: 0,
+        committed: 0,
+        applied: 0,
+        purged: 0,
+        voters: BTreeSet::new(),
+        learners: BTreeSet::new(),
+        addresses: BTreeMap::new(),
+        peers: Vec::new(),
+        millis_since_leader_contact: None,
+    }
+}
+
+fn spawn_status_task<S: StateMachine>(
+    raft: Raft<Adapter<S>>,
+    tx: watch::Sender<Status>,
+    last_append_ms: Arc<AtomicU64>,
+    started: Instant,
+) {
+    let mut rx = raft.metrics();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            // Build the status from a clone: never hold the metrics borrow across an await.
+            let m = rx.borrow_watched().clone();
+            let membership = m.membership_config.membership();
+            let voters: BTreeSet<u64> = membership.voter_ids().collect();
+            let addresses: BTreeMap<u64, String> = membership
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect();
+            let learners: BTreeSet<u64> = addresses
+                .keys()
+                .filter(|id| !voters.contains(id))
+                .copied()
+                .collect();
+            let last_log_index = m.last_log_index.unwrap_or(0);
+            let role = match m.state {
+                ServerState::Leader => Role::Leader,
+                ServerState::Follower => Role::Follower,
+                ServerState::Candidate => Role::Candidate,
+                ServerState::Learner => Role::Learner,
+                ServerState::Shutdown => Role::Shutdown,
+            };
+            let mut peers = Vec::new();
+            if let Some(rep) = &m.replication {
+                for (id, matched) in rep.iter() {
+                    if *id == m.id {
+                        continue;
+                    }
+                    let matched = matched.as_ref().map(|l| l.index);
+                    let last_ack_ms = m
+                        .heartbeat
+                        .as_ref()
+                        .and_then(|h| h.get(id).cloned().flatten())
+                        .map(|t| t.elapsed().as_millis() as u64);
+                    peers.push(PeerProgress {
+                        node_id: *id,
+                        address: addresses.get(id).cloned().unwrap_or_default(),
+                        voter: voters.contains(id),
+                        matched,
+                        lag: last_log_index.saturating_sub(matched.unwrap_or(0)),
+                        last_ack_ms,
+                    });
+                }
+            }
+            let la = last_append_ms.load(Ordering::Relaxed);
+            let contact =
+                (la > 0).then(|| (started.elapsed().as_millis() as u64).saturating_sub(la - 1));
+            let st = Status {
+                node_id: m.id,
+                role,
+                term: m.current_term,
+                leader: m.current_leader,
+                last_log_index,
+                committed: m.local_committed.map(|l| l.index).unwrap_or(0),
+                applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+                purged: m.purged.map(|l| l.index).unwrap_or(0),
+                voters,
+                learners,
+                addresses,
+                peers,
+                millis_since_leader_contact: if role == Role::Leader {
+                    Some(0)
+                } else {
+                    contact
+                },
+            };
+            tx.send_if_modified(|cur| {
+                if *cur != st {
+                    *cur = st;
+                    true
+                } else {
+                    false
+                }
+            });
+            if role == Role::Shutdown {
+                break;
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { break },
+                _ = tick.tick() => {}
+            }
+        }
+    });
+}

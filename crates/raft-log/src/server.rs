@@ -1,0 +1,165 @@
+//! The peer network, server side: the `RaftPeerService` that hands peer requests to openraft.
+//! Requests from another cluster or broker group, or without the configured shared secret, are
+//! refused before they reach Raft; undecodable payloads are refused with an error reply.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use futures::StreamExt;
+use raftmq_proto::v1::raft_peer_service_server::RaftPeerService;
+use raftmq_proto::v1::{PeerHeader, RaftReply, RaftRequest, SnapshotChunk};
+use serde::Serialize;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::network::{Identity, decode, encode};
+use crate::state_machine::{Adapter, Snapshot};
+use crate::types::{Raft, SnapshotMeta, Vote};
+
+pub struct PeerServer<S: crate::StateMachine> {
+    pub(crate) raft: Raft<Adapter<S>>,
+    pub(crate) me: Identity,
+    /// Milliseconds since `started` when the last AppendEntries arrived (0 = never).
+    pub(crate) last_append_ms: Arc<AtomicU64>,
+    pub(crate) started: Instant,
+}
+
+impl<S: crate::StateMachine> PeerServer<S> {
+    fn check(&self, h: Option<&PeerHeader>) -> Result<(), String> {
+        let h = h.ok_or("missing peer header")?;
+        if h.cluster != self.me.cluster || h.broker != self.me.broker {
+            return Err(format!(
+                "request from {}/{} refused by a member of {}/{}",
+                h.cluster, h.broker, self.me.cluster, self.me.broker
+            ));
+        }
+        if let Some(secret) = &self.me.secret
+            && &h.secret != secret
+        {
+            return Err("peer secret does not match".into());
+        }
+        Ok(())
+    }
+}
+
+fn reply<T: Serialize, E: std::fmt::Display>(
+    r: Result<T, E>,
+) -> Result<Response<RaftReply>, Status> {
+    let reply = match r {
+        Ok(v) => match encode(&v) {
+            Ok(payload) => RaftReply {
+                error: String::new(),
+                payload,
+            },
+            Err(e) => RaftReply {
+                error: e,
+                payload: Vec::new(),
+            },
+        },
+        Err(e) => RaftReply {
+            error: e.to_string(),
+            payload: Vec::new(),
+        },
+    };
+    Ok(Response::new(reply))
+}
+
+fn refused(e: String) -> Result<Response<RaftReply>, Status> {
+    Ok(Response::new(RaftReply {
+        error: e,
+        payload: Vec::new(),
+    }))
+}
+
+#[tonic::async_trait]
+impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
+    async fn append_entries(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = req.into_inner();
+        if let Err(e) = self.check(req.header.as_ref()) {
+            return refused(e);
+        }
+        let rpc = match decode(&req.payload) {
+            Ok(r) => r,
+            Err(e) => return refused(e),
+        };
+        self.last_append_ms.store(
+            self.started.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
+        reply(self.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let req = req.into_inner();
+        if let Err(e) = self.check(req.header.as_ref()) {
+            return refused(e);
+        }
+        match decode(&req.payload) {
+            Ok(rpc) => reply(self.raft.vote(rpc).await),
+            Err(e) => refused(e),
+        }
+    }
+
+    async fn pre_vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let req = req.into_inner();
+        if let Err(e) = self.check(req.header.as_ref()) {
+            return refused(e);
+        }
+        match decode(&req.payload) {
+            Ok(rpc) => reply(self.raft.pre_vote(rpc).await),
+            Err(e) => refused(e),
+        }
+    }
+
+    async fn transfer_leader(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = req.into_inner();
+        if let Err(e) = self.check(req.header.as_ref()) {
+            return refused(e);
+        }
+        match decode(&req.payload) {
+            Ok(rpc) => reply(self.raft.handle_transfer_leader(rpc).await),
+            Err(e) => refused(e),
+        }
+    }
+
+    async fn install_snapshot(
+        &self,
+        req: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let mut stream = req.into_inner();
+        let Some(first) = stream.next().await else {
+            return refused("empty snapshot stream".into());
+        };
+        let first = first?;
+        if let Err(e) = self.check(first.header.as_ref()) {
+            return refused(e);
+        }
+        let (vote, meta): (Vote, SnapshotMeta) = match decode(&first.meta) {
+            Ok(m) => m,
+            Err(e) => return refused(e),
+        };
+        let mut data = first.data;
+        let mut done = first.done;
+        while !done {
+            match stream.next().await {
+                Some(Ok(c)) => {
+                    data.extend_from_slice(&c.data);
+                    done = c.done;
+                }
+                Some(Err(s)) => return Err(s),
+                None => return refused("snapshot stream ended before its last chunk".into()),
+            }
+        }
+        let snapshot = Snapshot {
+            meta,
+            snapshot: data,
+        };
+        reply(self.raft.install_full_snapshot(vote, snapshot).await)
+    }
+}

@@ -1,0 +1,218 @@
+//! The state-machine seam: the broker's state machine implements [`StateMachine`]; the adapter here
+//! turns it into openraft's `RaftStateMachine`.
+//!
+//! The state machine is in memory. On restart openraft installs the last persisted snapshot (if any)
+//! and re-applies every retained entry up to the persisted committed index, so the consume-queue
+//! index is rebuilt from the log itself. Snapshots carry state, never message bodies.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use openraft::OptionalSend;
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use serde::{Deserialize, Serialize};
+
+use crate::types::{EntryPayload, LogId, Payload, SnapshotMeta, StoredMembership, TypeConfig};
+
+/// The application state machine of a broker group.
+///
+/// `apply` is called once per committed entry, in log order, on every member. It must be
+/// deterministic: the same entries yield the same state and replies everywhere.
+pub trait StateMachine: Send + Sync + 'static {
+    /// Applies a committed entry with application data and returns the reply for the proposer.
+    fn apply(&mut self, index: u64, term: u64, payload: &[u8]) -> Bytes;
+    /// Notes an entry without application data (a leader's blank entry, a membership change).
+    fn apply_empty(&mut self, _index: u64) {}
+    /// Serialises the state (not the messages) as of the last applied entry.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replaces the whole state with a snapshot's.
+    fn restore(&mut self, data: &[u8]) -> io::Result<()>;
+}
+
+pub type Snapshot = openraft::storage::Snapshot<
+    openraft::impls::leader_id_adv::LeaderId<u64, u64>,
+    u64,
+    openraft::BasicNode,
+    Vec<u8>,
+>;
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta,
+    data: Vec<u8>,
+}
+
+/// Shared between the adapter (owned by openraft) and the broker, which reads the state.
+pub struct Shared<S> {
+    pub sm: RwLock<S>,
+    applied: Mutex<(Option<LogId>, StoredMembership)>,
+    snapshot_path: PathBuf,
+    current: Mutex<Option<SnapshotFile>>,
+}
+
+impl<S> Shared<S> {
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.applied.lock().ok().and_then(|g| g.0)
+    }
+}
+
+pub struct Adapter<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: StateMachine> Adapter<S> {
+    pub fn new(sm: S, dir: &Path) -> io::Result<(Adapter<S>, Arc<Shared<S>>)> {
+        std::fs::create_dir_all(dir)?;
+        let snapshot_path = dir.join("snapshot.bin");
+        let current = match std::fs::read(&snapshot_path) {
+            Ok(b) => Some(postcard::from_bytes::<SnapshotFile>(&b).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: {e}", snapshot_path.display()),
+                )
+            })?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let shared = Arc::new(Shared {
+            sm: RwLock::new(sm),
+            applied: Mutex::new((None, StoredMembership::default())),
+            snapshot_path,
+            current: Mutex::new(current),
+        });
+        Ok((
+            Adapter {
+                shared: shared.clone(),
+            },
+            shared,
+        ))
+    }
+}
+
+fn lock_err() -> io::Error {
+    io::Error::other("state machine lock poisoned by an earlier panic")
+}
+
+impl<S: StateMachine> Shared<S> {
+    fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
+        let bytes = postcard::to_stdvec(file).map_err(io::Error::other)?;
+        let tmp = self.snapshot_path.with_extension("tmp");
+        std::fs::write(&tmp, &bytes)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, &self.snapshot_path)?;
+        if let Some(dir) = self.snapshot_path.parent() {
+            crate::log_store::sync_dir(dir)?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Builder<S> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for Builder<S> {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        // Hold the state lock while reading both, so the data matches `last_log_id`.
+        let sm = self.shared.sm.read().map_err(|_| lock_err())?;
+        let (last, membership) = self.shared.applied.lock().map_err(|_| lock_err())?.clone();
+        let data = sm.snapshot();
+        drop(sm);
+        let meta = SnapshotMeta {
+            last_log_id: last,
+            last_membership: membership,
+        };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        self.shared.persist(&file)?;
+        *self.shared.current.lock().map_err(|_| lock_err())? = Some(file);
+        Ok(Snapshot {
+            meta,
+            snapshot: data,
+        })
+    }
+}
+
+impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = Builder<S>;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        Ok(self.shared.applied.lock().map_err(|_| lock_err())?.clone())
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
+            + Unpin
+            + OptionalSend,
+    {
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let log_id = entry.log_id;
+            let reply = {
+                let mut sm = self.shared.sm.write().map_err(|_| lock_err())?;
+                let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
+                applied.0 = Some(log_id);
+                match &entry.payload {
+                    EntryPayload::Normal(p) => sm.apply(log_id.index, log_id.leader_id.term, &p.0),
+                    EntryPayload::Membership(m) => {
+                        applied.1 = StoredMembership::new(Some(log_id), m.clone());
+                        sm.apply_empty(log_id.index);
+                        Bytes::new()
+                    }
+                    EntryPayload::Blank => {
+                        sm.apply_empty(log_id.index);
+                        Bytes::new()
+                    }
+                }
+            };
+            // Every responder is answered, or the proposer would wait forever.
+            if let Some(r) = responder {
+                r.send(Payload(reply));
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        Builder {
+            shared: self.shared.clone(),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
+        {
+            let mut sm = self.shared.sm.write().map_err(|_| lock_err())?;
+            sm.restore(&snapshot)?;
+            let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
+            *applied = (meta.last_log_id, meta.last_membership.clone());
+        }
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: snapshot,
+        };
+        self.shared.persist(&file)?;
+        *self.shared.current.lock().map_err(|_| lock_err())? = Some(file);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        let g = self.shared.current.lock().map_err(|_| lock_err())?;
+        Ok(g.as_ref().map(|f| Snapshot {
+            meta: f.meta.clone(),
+            snapshot: f.data.clone(),
+        }))
+    }
+}

@@ -1,0 +1,96 @@
+//! The crate's one error type.
+//!
+//! API errors ([`Error::InvalidArgument`], [`Error::TopicNotFound`]) are answered to the caller
+//! inside the reply's `error` field with a stable [`ErrorCode`]; the others stop start-up or the
+//! server and reach the binary edge, where `anyhow` adds context.
+
+use std::path::PathBuf;
+
+use raftmq_proto::v1::{self, ErrorCode};
+
+/// Everything that can go wrong in the nameserver.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A request field is missing or malformed; `field` names it as in the proto.
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The request field, e.g. `address` or `topics[2].name`.
+        field: String,
+        /// What is wrong with it, in words a person can act on.
+        reason: String,
+    },
+    /// No live broker group hosts the topic.
+    #[error("topic {topic:?} not found: no live broker group hosts it")]
+    TopicNotFound {
+        /// The topic asked for.
+        topic: String,
+    },
+    /// A configuration key has an invalid value; `key` is the TOML key (also the flag name).
+    #[error("invalid config key `{key}`: {reason}")]
+    Config {
+        /// The TOML key, e.g. `listen`.
+        key: &'static str,
+        /// Why the value is refused.
+        reason: String,
+    },
+    /// The configuration file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ConfigRead {
+        /// The file given with `--config`.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration file is not valid TOML or has unknown keys or wrong types.
+    #[error("cannot parse config file {path}: {source}")]
+    ConfigParse {
+        /// The file given with `--config`.
+        path: PathBuf,
+        /// The parser's error, which names the key and line.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address from the config.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC/HTTP server failed while serving.
+    #[error("server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The reflection service could not decode the embedded descriptors (a build defect).
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The metrics registry refused a metric (a programming error, caught at start-up).
+    #[error("metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The stable wire code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
+            Error::TopicNotFound { .. } => ErrorCode::TopicNotFound,
+            _ => ErrorCode::Internal,
+        }
+    }
+
+    /// The error as carried in a reply's `error` field.
+    pub fn to_proto(&self) -> v1::Error {
+        v1::Error::new(self.code(), self.to_string())
+    }
+}

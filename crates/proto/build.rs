@@ -2,7 +2,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files = ["raftmq/v1/broker.proto", "raftmq/v1/nameserver.proto", "raftmq/v1/raft.proto"];
+    let files = [
+        "raftmq/v1/broker.proto",
+        "raftmq/v1/nameserver.proto",
+        "raftmq/v1/raft.proto",
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());
     }

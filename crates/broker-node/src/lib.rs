@@ -1,1 +1,125 @@
-//! raftmq broker-node (being built).
+//! `broker-node`: one replica of a raftmq broker group.
+//!
+//! - [`config`]: the TOML config, flags and environment, validation naming the bad key.
+//! - [`command`]: the commands replicated through the Raft log and the replies of the state machine.
+//! - [`state`]: the state machine: topics, queues, offsets, consume-queue index, producer windows.
+//! - [`service`]: the public `BrokerService` and the `AdminService`, errors mapped to stable codes.
+//! - [`hint`]: the read hint, a pure decision.
+//! - [`register`]: registration with every nameserver.
+//! - [`node`]: the running node (member, load rates, consumer-group membership).
+//! - [`metrics`]: Prometheus metrics.
+//!
+//! Every service, the Raft peer service, gRPC health and reflection and `/metrics` share one port.
+
+pub mod command;
+pub mod config;
+pub mod hint;
+pub mod metrics;
+pub mod node;
+pub mod register;
+pub mod service;
+pub mod state;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::routing::get;
+use raftmq_proto::v1::admin_service_server::AdminServiceServer;
+use raftmq_proto::v1::broker_service_server::BrokerServiceServer;
+use raftmq_raft_log::{Member, MemberConfig};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+
+pub use config::{Args, Config};
+
+/// Starts the node and serves until `shutdown` completes.
+pub async fn serve(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let local = listener.local_addr()?;
+    let address = match &cfg.advertise {
+        Some(a) => a.clone(),
+        None => cfg.advertised(),
+    };
+    let member_cfg = MemberConfig {
+        cluster: cfg.cluster.clone(),
+        broker: cfg.broker.clone(),
+        node_id: cfg.node_id,
+        initial_members: cfg.peer_map()?,
+        data_dir: cfg.data_dir.clone(),
+        raft: cfg.raft.clone(),
+    };
+    let member = Member::start(member_cfg, state::BrokerState::default()).await.context("cannot start the Raft member")?;
+    let peer_service = member.peer_service();
+    let node = node::Node::new(cfg, address, member);
+    metrics::spawn_sampler(&node);
+    register::spawn(node.clone());
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<BrokerServiceServer<service::Broker>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(raftmq_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let broker = service::Broker { node: node.clone() };
+    let router = Routes::new(
+        BrokerServiceServer::new(broker.clone()).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20),
+    )
+    .add_service(AdminServiceServer::new(broker))
+    .add_service(peer_service)
+    .add_service(health_service)
+    .add_service(reflection)
+    .into_axum_router()
+    .route("/metrics", get(|| async { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render()) }));
+    tracing::info!(node_id = node.cfg.node_id, broker = %node.cfg.broker, advertise = %node.address, "listening on {local}");
+    println!("listening on {local}");
+    tonic::transport::Server::builder()
+        .accept_http1(true)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(16 << 20)
+        .add_routes(Routes::from(router))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    node.member.shutdown().await;
+    Ok(())
+}
+
+/// The binary's entry: parse the config, set up logs, serve until SIGINT or SIGTERM.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = args.into_config()?;
+    init_logging(cfg.log_json);
+    serve(cfg, shutdown_signal()).await
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json { b.json().try_init() } else { b.try_init() };
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Keeps the node alive for callers that need the handle (tests).
+pub type NodeHandle = Arc<node::Node>;

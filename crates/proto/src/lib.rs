@@ -16,7 +16,11 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raft
 impl v1::Error {
     /// An error with a code and a message a person can act on.
     pub fn new(code: v1::ErrorCode, message: impl Into<String>) -> Self {
-        v1::Error { code: code as i32, message: message.into(), leader: None }
+        v1::Error {
+            code: code as i32,
+            message: message.into(),
+            leader: None,
+        }
     }
 }
 

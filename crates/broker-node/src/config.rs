@@ -1,0 +1,332 @@
+//! The node's configuration: a TOML file (`--config`), every top-level key also a flag and an
+//! environment variable (`RAFTMQ_*`); precedence flag > environment > file > default. Nested
+//! sections (`[raft]`, `[limits]`, `[read_hint]`) are set in the file. `validate()` names the bad key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use raftmq_raft_log::RaftConfig;
+use serde::{Deserialize, Serialize};
+
+/// Limits checked at the edge (DESIGN.md "Limits").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub body_bytes_max: usize,
+    pub batch_messages_max: usize,
+    pub batch_bytes_max: usize,
+    pub properties_bytes_max: usize,
+    pub queues_per_topic_max: u32,
+    pub pull_messages_max: u32,
+    pub pull_wait_ms_max: u32,
+    /// Sends waiting for commit at once; past it a send gets BUSY.
+    pub inflight_sends_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_bytes_max: 4 << 20,
+            batch_messages_max: 1000,
+            batch_bytes_max: 4 << 20,
+            properties_bytes_max: 32 << 10,
+            queues_per_topic_max: 1024,
+            pull_messages_max: 1000,
+            pull_wait_ms_max: 30_000,
+            inflight_sends_max: 4096,
+        }
+    }
+}
+
+/// Thresholds of the read hint (DESIGN.md "The read hint").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReadHintConfig {
+    /// The leader counts as loaded above this many produced messages per second.
+    pub leader_busy_msgs_per_sec: f64,
+    /// A consumer this many messages behind the queue's tail reads cold data: send it to a follower.
+    pub cold_read_lag: u64,
+    /// A follower sends a consumer at its end back to the leader when it knows of this many more
+    /// committed entries than it has applied.
+    pub follower_lag_redirect: u64,
+}
+
+impl Default for ReadHintConfig {
+    fn default() -> Self {
+        ReadHintConfig { leader_busy_msgs_per_sec: 20_000.0, cold_read_lag: 100_000, follower_lag_redirect: 1_000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub cluster: String,
+    pub broker: String,
+    pub node_id: u64,
+    pub listen: SocketAddr,
+    pub advertise: Option<String>,
+    /// `id=host:port,...`, this node included.
+    pub peers: String,
+    /// `host:port;host:port`.
+    pub nameservers: String,
+    pub data_dir: PathBuf,
+    pub register_interval_ms: u64,
+    pub log_json: bool,
+    pub raft: RaftConfig,
+    pub limits: Limits,
+    pub read_hint: ReadHintConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cluster: "DefaultCluster".into(),
+            broker: "broker-a".into(),
+            node_id: 0,
+            listen: "0.0.0.0:10911".parse().expect("valid default address"),
+            advertise: None,
+            peers: String::new(),
+            nameservers: String::new(),
+            data_dir: PathBuf::from("/var/lib/raftmq"),
+            register_interval_ms: 30_000,
+            log_json: false,
+            raft: RaftConfig::default(),
+            limits: Limits::default(),
+            read_hint: ReadHintConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid config `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key: key.into(), reason: reason.into() }
+}
+
+/// Topic, group, cluster and broker names: `^[A-Za-z0-9_%|-]{1,127}$`.
+pub fn check_name(kind: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 127 {
+        return Err(format!("{kind} name must be 1 to 127 characters, got {}", name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '%' | '|' | '-'))) {
+        return Err(format!("{kind} name {name:?} has the character {c:?}; allowed are A-Z a-z 0-9 _ % | -"));
+    }
+    Ok(())
+}
+
+impl Config {
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+    }
+
+    /// Parses `--peers`: `1=host:port,2=host:port`.
+    pub fn peer_map(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        let mut m = BTreeMap::new();
+        for part in self.peers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (id, addr) = part.split_once('=').ok_or_else(|| invalid("peers", format!("{part:?} is not id=host:port")))?;
+            let id: u64 = id.trim().parse().map_err(|_| invalid("peers", format!("{id:?} is not a node id")))?;
+            let addr = addr.trim();
+            if id == 0 {
+                return Err(invalid("peers", "node ids start at 1"));
+            }
+            if addr.rsplit_once(':').and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten()).is_none() {
+                return Err(invalid("peers", format!("{addr:?} is not host:port")));
+            }
+            if m.insert(id, addr.to_string()).is_some() {
+                return Err(invalid("peers", format!("node {id} is listed twice")));
+            }
+        }
+        Ok(m)
+    }
+
+    pub fn nameserver_list(&self) -> Vec<String> {
+        self.nameservers.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+    }
+
+    /// The address peers and clients reach this node at.
+    pub fn advertised(&self) -> String {
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        if let Ok(m) = self.peer_map()
+            && let Some(a) = m.get(&self.node_id)
+        {
+            return a.clone();
+        }
+        self.listen.to_string()
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_name("cluster", &self.cluster).map_err(|r| invalid("cluster", r))?;
+        check_name("broker", &self.broker).map_err(|r| invalid("broker", r))?;
+        if self.node_id == 0 {
+            return Err(invalid("node_id", "must be set to a number of 1 or more (--node-id)"));
+        }
+        let peers = self.peer_map()?;
+        if !peers.is_empty() && !peers.contains_key(&self.node_id) {
+            return Err(invalid("peers", format!("must include this node ({})", self.node_id)));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("data_dir", "must be set"));
+        }
+        if self.register_interval_ms < 100 {
+            return Err(invalid("register_interval_ms", "must be at least 100"));
+        }
+        self.raft.validate().map_err(|e| invalid(e.key, e.reason))?;
+        let l = &self.limits;
+        if l.body_bytes_max == 0 || l.body_bytes_max > 64 << 20 {
+            return Err(invalid("limits.body_bytes_max", "must be 1 byte to 64 MiB"));
+        }
+        if l.batch_messages_max == 0 {
+            return Err(invalid("limits.batch_messages_max", "must be at least 1"));
+        }
+        if l.batch_bytes_max < l.body_bytes_max {
+            return Err(invalid("limits.batch_bytes_max", "must be at least limits.body_bytes_max"));
+        }
+        if l.queues_per_topic_max == 0 {
+            return Err(invalid("limits.queues_per_topic_max", "must be at least 1"));
+        }
+        if l.inflight_sends_max == 0 {
+            return Err(invalid("limits.inflight_sends_max", "must be at least 1"));
+        }
+        if !(self.read_hint.leader_busy_msgs_per_sec >= 0.0) {
+            return Err(invalid("read_hint.leader_busy_msgs_per_sec", "must be 0 or more"));
+        }
+        Ok(())
+    }
+}
+
+/// Command-line flags; each also reads an environment variable.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Args {
+    /// TOML config file; flags and environment variables override its keys.
+    #[arg(long, env = "RAFTMQ_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[arg(long, env = "RAFTMQ_CLUSTER")]
+    pub cluster: Option<String>,
+    #[arg(long, env = "RAFTMQ_BROKER")]
+    pub broker: Option<String>,
+    #[arg(long, env = "RAFTMQ_NODE_ID")]
+    pub node_id: Option<u64>,
+    #[arg(long, env = "RAFTMQ_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    #[arg(long, env = "RAFTMQ_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Initial members, this node included: "1=host1:10911,2=host2:10911,3=host3:10911".
+    #[arg(long, env = "RAFTMQ_PEERS")]
+    pub peers: Option<String>,
+    /// Nameservers: "ns1:9876;ns2:9876".
+    #[arg(long, env = "RAFTMQ_NAMESERVERS")]
+    pub nameservers: Option<String>,
+    #[arg(long, env = "RAFTMQ_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, env = "RAFTMQ_REGISTER_INTERVAL_MS")]
+    pub register_interval_ms: Option<u64>,
+    /// Log as JSON lines.
+    #[arg(long, env = "RAFTMQ_LOG_JSON")]
+    pub log_json: bool,
+    /// Produced msgs/s above which the leader redirects reads to followers.
+    #[arg(long, env = "RAFTMQ_LEADER_BUSY_MSGS_PER_SEC")]
+    pub leader_busy_msgs_per_sec: Option<f64>,
+    /// UNSAFE flush mode for benchmarks only: acknowledge before fsync (loses data on power loss).
+    #[arg(long, env = "RAFTMQ_FLUSH_MODE")]
+    pub flush_mode: Option<String>,
+}
+
+impl Args {
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        let mut c = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        if let Some(v) = self.cluster {
+            c.cluster = v;
+        }
+        if let Some(v) = self.broker {
+            c.broker = v;
+        }
+        if let Some(v) = self.node_id {
+            c.node_id = v;
+        }
+        if let Some(v) = self.listen {
+            c.listen = v;
+        }
+        if let Some(v) = self.advertise {
+            c.advertise = Some(v);
+        }
+        if let Some(v) = self.peers {
+            c.peers = v;
+        }
+        if let Some(v) = self.nameservers {
+            c.nameservers = v;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.register_interval_ms {
+            c.register_interval_ms = v;
+        }
+        if let Some(v) = self.leader_busy_msgs_per_sec {
+            c.read_hint.leader_busy_msgs_per_sec = v;
+        }
+        if let Some(v) = self.flush_mode {
+            c.raft.flush_mode = match v.as_str() {
+                "fsync" => raftmq_raft_log::FlushMode::Fsync,
+                "unsafe-no-fsync" => raftmq_raft_log::FlushMode::UnsafeNoFsync,
+                other => return Err(invalid("raft.flush_mode", format!("{other:?} is not fsync or unsafe-no-fsync"))),
+            };
+        }
+        c.log_json |= self.log_json;
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_contract() {
+        assert!(check_name("topic", "Orders_v2|%-x").is_ok());
+        assert!(check_name("topic", "").is_err());
+        assert!(check_name("topic", &"a".repeat(128)).is_err());
+        assert!(check_name("topic", "a.b").unwrap_err().contains("'.'"));
+    }
+
+    #[test]
+    fn bad_config_names_the_key() {
+        let mut c = Config { node_id: 1, peers: "1=a:1,2=b:2".into(), ..Config::default() };
+        assert!(c.validate().is_ok());
+        c.peers = "1=a:1,x=b:2".into();
+        assert!(c.validate().unwrap_err().to_string().contains("`peers`"));
+        c.peers = "2=b:2".into();
+        assert!(c.validate().unwrap_err().to_string().contains("must include this node"));
+        c.peers = String::new();
+        c.raft.election_timeout_ms_max = 10;
+        assert!(c.validate().unwrap_err().to_string().contains("raft.election_timeout_ms_max"));
+    }
+
+    #[test]
+    fn the_documented_template_parses_to_the_defaults() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config/broker-node.toml");
+        let c = Config::from_file(&path).unwrap();
+        assert_eq!(c.raft, RaftConfig::default());
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.read_hint, ReadHintConfig::default());
+    }
+}

@@ -1,0 +1,101 @@
+//! The running node: the Raft member, its configuration, load counters and the in-memory
+//! consumer-group membership (kept on the leader, refreshed by heartbeats).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use raftmq_raft_log::Member;
+use tokio::sync::Semaphore;
+
+use crate::config::Config;
+use crate::state::BrokerState;
+
+/// How long a consumer stays a member of its group without a heartbeat.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// A messages-per-second rate sampled once a second.
+#[derive(Default)]
+pub struct Rate {
+    total: AtomicU64,
+    per_sec_milli: AtomicU64,
+}
+
+impl Rate {
+    pub fn add(&self, n: u64) {
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn per_sec(&self) -> f64 {
+        self.per_sec_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+    fn sample(&self, last: &mut u64, dt: Duration) {
+        let t = self.total();
+        let r = (t - *last) as f64 / dt.as_secs_f64().max(1e-3);
+        *last = t;
+        self.per_sec_milli.store((r * 1000.0) as u64, Ordering::Relaxed);
+    }
+}
+
+pub struct Node {
+    pub cfg: Config,
+    pub address: String,
+    pub member: Member<BrokerState>,
+    pub inflight: Arc<Semaphore>,
+    pub produced: Rate,
+    pub pulled: Rate,
+    pub groups: Mutex<HashMap<String, BTreeMap<String, Instant>>>,
+}
+
+impl Node {
+    pub fn new(cfg: Config, address: String, member: Member<BrokerState>) -> Arc<Node> {
+        let inflight = Arc::new(Semaphore::new(cfg.limits.inflight_sends_max));
+        let node = Arc::new(Node {
+            cfg,
+            address,
+            member,
+            inflight,
+            produced: Rate::default(),
+            pulled: Rate::default(),
+            groups: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&node);
+        tokio::spawn(async move {
+            let (mut lp, mut lc) = (0, 0);
+            let mut last = Instant::now();
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(n) = weak.upgrade() else { break };
+                let dt = last.elapsed();
+                last = Instant::now();
+                n.produced.sample(&mut lp, dt);
+                n.pulled.sample(&mut lc, dt);
+            }
+        });
+        node
+    }
+
+    /// Records a heartbeat and returns the live members of the group, sorted.
+    pub fn heartbeat(&self, group: &str, consumer: &str, now: Instant) -> Vec<String> {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let members = g.entry(group.to_string()).or_default();
+        members.insert(consumer.to_string(), now);
+        members.retain(|_, seen| now.duration_since(*seen) < SESSION_TIMEOUT);
+        members.keys().cloned().collect()
+    }
+
+    pub fn leave(&self, group: &str, consumer: &str) {
+        let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = g.get_mut(group) {
+            m.remove(consumer);
+        }
+    }
+
+    pub fn election_timeout_ms(&self) -> u64 {
+        self.cfg.raft.election_timeout_ms_max
+    }
+}

@@ -1,1 +1,99 @@
-//! raftmq cli (being built).
+//! The `raftmq` command line.
+//!
+//! Crate map:
+//! - [`args`]: the clap definition of every command and flag (DESIGN.md "Command line").
+//! - [`commands`]: one module per command family — `cluster`, `topic`, `produce`, `consume`,
+//!   `admin_ops` (leader transfer, node add/remove), `bench`, `demo`, `playground`.
+//! - [`output`]: the JSON shapes scripts rely on, and plain tables.
+//! - [`stats`]: percentiles and throughput for the benchmarks.
+//! - [`load`]: background senders and the read-back loss check (demo, failover bench).
+//! - [`local_cluster`]: starting and killing local nameserver and broker-node processes; the one
+//!   place that spawns processes.
+//! - [`servers`]: the hidden `run-nameserver` / `run-broker-node` subcommands.
+//! - [`signals`]: Ctrl-C / SIGTERM.
+//!
+//! [`main`] runs a parsed command and turns its outcome into an exit status: 0 on success,
+//! 1 with a one-line reason on standard error on failure, 130 when interrupted.
+
+pub mod args;
+pub mod commands;
+pub mod load;
+pub mod local_cluster;
+pub mod output;
+pub mod servers;
+pub mod signals;
+pub mod stats;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::args::{Cli, ClusterCmd, Command};
+
+/// Runs one parsed command line to completion.
+pub async fn run(cli: Cli) -> Result<()> {
+    let ns = cli.nameserver.as_str();
+    let json = cli.json;
+    match cli.command {
+        Command::Cluster(ClusterCmd::Status { watch }) => {
+            commands::cluster::status(ns, json, watch).await
+        }
+        Command::Topic(cmd) => commands::topic::run(ns, json, cmd).await,
+        Command::Produce(a) => commands::produce::run(ns, json, a).await,
+        Command::Consume(a) => commands::consume::run(ns, json, a).await,
+        Command::Leader(cmd) => commands::admin_ops::leader(ns, json, cmd).await,
+        Command::Node(cmd) => commands::admin_ops::node(ns, json, cmd).await,
+        Command::Bench(cmd) => commands::bench::run(ns, json, cmd).await,
+        Command::Demo(a) => commands::demo::run(a).await,
+        Command::Playground(a) => commands::playground::run(a).await,
+        Command::RunNameserver(a) => servers::run_nameserver(a.args).await,
+        Command::RunBrokerNode(a) => servers::run_broker_node(a.args).await,
+    }
+}
+
+/// The whole program: logging, runtime, interruption, exit status.
+pub fn main(cli: Cli) -> ExitCode {
+    let is_server = matches!(
+        cli.command,
+        Command::RunNameserver(_) | Command::RunBrokerNode(_)
+    );
+    if !is_server {
+        // Servers set up their own logging; the CLI logs warnings unless RUST_LOG says otherwise.
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("raftmq: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async {
+        if is_server {
+            return Some(run(cli).await);
+        }
+        // Dropping the command's future on interruption drops any local cluster it owns, which
+        // kills its processes. Commands that end normally on Ctrl-C handle it themselves first.
+        tokio::select! {
+            r = run(cli) => Some(r),
+            _ = signals::interrupted() => None,
+        }
+    });
+    match outcome {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
+            let reason = format!("{e:#}").replace('\n', " ");
+            eprintln!("raftmq: {reason}");
+            ExitCode::FAILURE
+        }
+        None => {
+            eprintln!("raftmq: interrupted");
+            ExitCode::from(130)
+        }
+    }
+}

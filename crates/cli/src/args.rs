@@ -1,0 +1,422 @@
+//! The command line, as DESIGN.md's "Command line" contract states it. Parsing only.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// raftmq: a message broker whose broker groups are Raft groups.
+#[derive(Debug, Parser)]
+#[command(name = "raftmq", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Nameserver addresses, `;`-separated.
+    #[arg(
+        long,
+        env = "RAFTMQ_NAMESERVER",
+        default_value = "127.0.0.1:9876",
+        global = true
+    )]
+    pub nameserver: String,
+
+    /// Machine-readable output: one JSON object (per line where output streams).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Cluster-wide views.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// Create, list, route and delete topics.
+    #[command(subcommand)]
+    Topic(TopicCmd),
+    /// Send messages: `--count N --size BYTES` generated ones, or one per line of standard input.
+    Produce(ProduceArgs),
+    /// Read messages as a member of a consumer group.
+    Consume(ConsumeArgs),
+    /// Leadership of broker groups.
+    #[command(subcommand)]
+    Leader(LeaderCmd),
+    /// Membership of broker groups.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Measure throughput, latency and failover.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+    /// A local cluster, a scripted leader kill watched live, and a check that nothing
+    /// acknowledged was lost.
+    Demo(DemoArgs),
+    /// A local cluster left running, with its addresses and commands to try.
+    Playground(PlaygroundArgs),
+    /// Runs a nameserver in this process (used by local clusters).
+    #[command(hide = true)]
+    RunNameserver(PassThrough),
+    /// Runs a broker node in this process (used by local clusters).
+    #[command(hide = true)]
+    RunBrokerNode(PassThrough),
+}
+
+/// Arguments handed to a server's own parser.
+#[derive(Debug, Args)]
+pub struct PassThrough {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCmd {
+    /// Every node's live role, term and log positions, like RocketMQ's clusterList.
+    Status {
+        /// Redraw every second (JSON: one object per line per second).
+        #[arg(long)]
+        watch: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopicCmd {
+    /// Create a topic on every broker group (or those named).
+    Create {
+        name: String,
+        /// Queues on each broker group.
+        #[arg(long, default_value_t = 8)]
+        queues: u32,
+        /// Broker groups to host it, comma-separated (default: all).
+        #[arg(long, value_delimiter = ',')]
+        brokers: Option<Vec<String>>,
+    },
+    /// Every topic the nameservers know.
+    List,
+    /// The route clients use for a topic.
+    Route { name: String },
+    /// Delete a topic from every broker group hosting it.
+    Delete { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    #[arg(long)]
+    pub topic: String,
+    /// Message key: one key goes to one queue, in order.
+    #[arg(long)]
+    pub key: Option<String>,
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// Send N generated messages instead of reading standard input.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Body size of generated messages, in bytes.
+    #[arg(long, default_value_t = 1024, requires = "count")]
+    pub size: usize,
+    /// Messages awaiting acknowledgement at once.
+    #[arg(long, default_value_t = 256)]
+    pub inflight: usize,
+    /// How long one message may retry (leader changes included) before the command fails.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum From {
+    Earliest,
+    Latest,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    #[arg(long)]
+    pub topic: String,
+    #[arg(long)]
+    pub group: String,
+    /// Where to start in queues the group has no committed offset for.
+    #[arg(long, value_enum, default_value_t = From::Earliest)]
+    pub from: From,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub max: Option<u64>,
+    /// Stop once no message has arrived for this long.
+    #[arg(long, default_value_t = 5_000)]
+    pub timeout_ms: u64,
+    /// Run until interrupted.
+    #[arg(long, conflicts_with = "max")]
+    pub follow: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeaderCmd {
+    /// Hand leadership of a broker group to a caught-up node.
+    Transfer {
+        #[arg(long)]
+        broker: String,
+        #[arg(long)]
+        to: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// Add a node: first as a learner, then (unless --learner) as a voter once it caught up.
+    Add {
+        #[arg(long)]
+        broker: String,
+        #[arg(long)]
+        node_id: u64,
+        /// The new node's address (host:port), already running with --peers naming the group.
+        #[arg(long)]
+        address: String,
+        /// Leave it a learner.
+        #[arg(long)]
+        learner: bool,
+        /// How long the learner may take to catch up before promotion.
+        #[arg(long, default_value_t = 60_000)]
+        catch_up_timeout_ms: u64,
+    },
+    /// Remove a node from the voters of its group.
+    Remove {
+        #[arg(long)]
+        broker: String,
+        #[arg(long)]
+        node_id: u64,
+    },
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct BenchTarget {
+    /// Start a local cluster for this run instead of using --nameserver.
+    #[arg(long)]
+    pub local: bool,
+    /// Topic to use (created when missing).
+    #[arg(long, default_value = "bench")]
+    pub topic: String,
+    /// Queues per broker group when the topic is created.
+    #[arg(long, default_value_t = 8)]
+    pub queues: u32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCmd {
+    /// Produce as fast as acknowledgements allow.
+    Produce {
+        #[command(flatten)]
+        target: BenchTarget,
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Messages awaiting acknowledgement at once (1 = one message at a time).
+        #[arg(long, default_value_t = 256)]
+        inflight: usize,
+        /// Producer linger in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        linger_ms: u64,
+    },
+    /// Consume as fast as pulls allow (latency = now − store time).
+    Consume {
+        #[command(flatten)]
+        target: BenchTarget,
+        /// Messages to consume; with --local this many are produced first.
+        #[arg(long, default_value_t = 100_000)]
+        count: u64,
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Consumer group (default: a new one, reading from the earliest offset).
+        #[arg(long)]
+        group: Option<String>,
+        /// Give up when no message arrived for this long.
+        #[arg(long, default_value_t = 10_000)]
+        timeout_ms: u64,
+    },
+    /// SIGKILL the leader of a local cluster repeatedly; outage = kill → first acknowledged send.
+    Failover {
+        #[arg(long, default_value_t = 10)]
+        kills: u32,
+        /// Concurrent senders (each one message at a time).
+        #[arg(long, default_value_t = 4)]
+        senders: usize,
+        /// Skip the final check that every acknowledged message is readable.
+        #[arg(long)]
+        no_verify: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Keep the temporary directory (data and node logs) after the demo.
+    #[arg(long)]
+    pub keep_dir: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PlaygroundArgs {
+    /// Nodes in the broker group.
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u64,
+    /// A topic to create at start (empty: none).
+    #[arg(long, default_value = "playground")]
+    pub topic: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("raftmq").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn contract_commands_parse() {
+        let c = parse(&[
+            "--nameserver",
+            "a:1;b:2",
+            "cluster",
+            "status",
+            "--watch",
+            "--json",
+        ]);
+        assert_eq!(c.nameserver, "a:1;b:2");
+        assert!(c.json);
+        assert!(matches!(
+            c.command,
+            Command::Cluster(ClusterCmd::Status { watch: true })
+        ));
+
+        let c = parse(&[
+            "topic",
+            "create",
+            "t",
+            "--queues",
+            "4",
+            "--brokers",
+            "broker-a,broker-b",
+        ]);
+        match c.command {
+            Command::Topic(TopicCmd::Create {
+                name,
+                queues,
+                brokers,
+            }) => {
+                assert_eq!((name.as_str(), queues), ("t", 4));
+                assert_eq!(brokers.unwrap_or_default(), vec!["broker-a", "broker-b"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["topic", "list"]).command,
+            Command::Topic(TopicCmd::List)
+        ));
+        assert!(matches!(
+            parse(&["topic", "route", "t", "--json"]).command,
+            Command::Topic(TopicCmd::Route { .. })
+        ));
+        assert!(matches!(
+            parse(&["topic", "delete", "t"]).command,
+            Command::Topic(TopicCmd::Delete { .. })
+        ));
+
+        let c = parse(&[
+            "produce", "--topic", "t", "--key", "k", "--tag", "x", "--count", "10", "--size",
+            "100", "--json",
+        ]);
+        match c.command {
+            Command::Produce(p) => {
+                assert_eq!(
+                    (p.count, p.size, p.key.as_deref()),
+                    (Some(10), 100, Some("k"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let c = parse(&[
+            "consume",
+            "--topic",
+            "t",
+            "--group",
+            "g",
+            "--from",
+            "latest",
+            "--max",
+            "5",
+            "--timeout-ms",
+            "100",
+            "--json",
+        ]);
+        match c.command {
+            Command::Consume(a) => {
+                assert_eq!(
+                    (a.from, a.max, a.timeout_ms, a.follow),
+                    (From::Latest, Some(5), 100, false)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["leader", "transfer", "--broker", "broker-a", "--to", "2"]).command,
+            Command::Leader(LeaderCmd::Transfer { to: 2, .. })
+        ));
+        assert!(matches!(
+            parse(&[
+                "node",
+                "add",
+                "--broker",
+                "b",
+                "--node-id",
+                "4",
+                "--address",
+                "h:1"
+            ])
+            .command,
+            Command::Node(NodeCmd::Add { node_id: 4, .. })
+        ));
+        assert!(matches!(
+            parse(&["node", "remove", "--broker", "b", "--node-id", "4"]).command,
+            Command::Node(NodeCmd::Remove { node_id: 4, .. })
+        ));
+        assert!(matches!(
+            parse(&["bench", "failover", "--kills", "20", "--json"]).command,
+            Command::Bench(BenchCmd::Failover { kills: 20, .. })
+        ));
+        assert!(matches!(parse(&["demo"]).command, Command::Demo(_)));
+        assert!(matches!(
+            parse(&["playground"]).command,
+            Command::Playground(_)
+        ));
+        let c = parse(&["run-broker-node", "--node-id", "1", "--peers", "1=a:1"]);
+        match c.command {
+            Command::RunBrokerNode(p) => {
+                assert_eq!(p.args, vec!["--node-id", "1", "--peers", "1=a:1"])
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let bad: &[&[&str]] = &[
+            &["consume", "--topic", "t"],
+            &[
+                "consume", "--topic", "t", "--group", "g", "--from", "middle",
+            ],
+            &[
+                "consume", "--topic", "t", "--group", "g", "--follow", "--max", "3",
+            ],
+            &["produce", "--topic", "t", "--size", "10"],
+            &["topic", "create"],
+        ];
+        for args in bad {
+            assert!(
+                Cli::try_parse_from(std::iter::once("raftmq").chain(args.iter().copied())).is_err(),
+                "{args:?} should not parse"
+            );
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! `raftmq leader transfer` and `raftmq node add|remove`.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use raftmq_client::Admin;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::args::{LeaderCmd, NodeCmd};
+use crate::output::json_line;
+
+pub async fn leader(nameserver: &str, json: bool, cmd: LeaderCmd) -> Result<()> {
+    let LeaderCmd::Transfer { broker, to } = cmd;
+    let admin = Admin::connect(nameserver)?;
+    let started = Instant::now();
+    admin.transfer_leader(&broker, to).await?;
+    let ms = started.elapsed().as_millis();
+    if json {
+        println!(
+            "{}",
+            json_line(&json!({"broker": broker, "leader_id": to, "millis": ms}))
+        );
+    } else {
+        println!("node {to} now leads {broker} ({ms} ms)");
+    }
+    Ok(())
+}
+
+pub async fn node(nameserver: &str, json: bool, cmd: NodeCmd) -> Result<()> {
+    let admin = Admin::connect(nameserver)?;
+    match cmd {
+        NodeCmd::Add {
+            broker,
+            node_id,
+            address,
+            learner,
+            catch_up_timeout_ms,
+        } => {
+            admin.add_learner(&broker, node_id, &address).await?;
+            if !learner {
+                wait_caught_up(&admin, &broker, node_id, catch_up_timeout_ms).await?;
+                let mut voters = admin.voters(&broker).await?;
+                if !voters.contains(&node_id) {
+                    voters.push(node_id);
+                    voters.sort_unstable();
+                }
+                admin.change_voters(&broker, voters).await?;
+            }
+            let role = if learner { "learner" } else { "voter" };
+            if json {
+                println!(
+                    "{}",
+                    json_line(
+                        &json!({"broker": broker, "node_id": node_id, "address": address, "role": role})
+                    )
+                );
+            } else {
+                println!("node {node_id} ({address}) added to {broker} as {role}");
+            }
+        }
+        NodeCmd::Remove { broker, node_id } => {
+            let voters = admin.voters(&broker).await?;
+            if !voters.contains(&node_id) {
+                bail!("node {node_id} is not a voter of {broker} (voters: {voters:?})");
+            }
+            let rest: Vec<u64> = voters.into_iter().filter(|v| *v != node_id).collect();
+            if rest.is_empty() {
+                bail!("refusing to remove the last voter of {broker}");
+            }
+            admin.change_voters(&broker, rest.clone()).await?;
+            if json {
+                println!(
+                    "{}",
+                    json_line(&json!({"broker": broker, "removed": node_id, "voters": rest}))
+                );
+            } else {
+                println!("node {node_id} removed from {broker}; voters now {rest:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the leader reports the learner's log matched up to its commit index.
+async fn wait_caught_up(admin: &Admin, broker: &str, node_id: u64, timeout_ms: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        let s = admin.leader_status(broker).await?;
+        if let Some(p) = s.peers.iter().find(|p| p.node_id == node_id)
+            && p.matched_index >= s.committed
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "node {node_id} did not catch up with the leader of {broker} within {timeout_ms} ms"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,459 @@
+//! `raftmq bench produce|consume|failover`: progress on stderr while running, then figures
+//! (a table, or one JSON object with `--json`). Benchmarks measure; they assert nothing.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use raftmq_client::{Admin, Consumer, ErrorCode, Message, Producer, StartFrom};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::args::{BenchCmd, BenchTarget};
+use crate::commands::produce::generated_body;
+use crate::load::{Load, verify};
+use crate::local_cluster::{LocalCluster, LocalClusterOptions};
+use crate::output::{json_line, table};
+use crate::stats::{LatencySummary, summarize, throughput};
+
+pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Produce {
+            target,
+            count,
+            size,
+            inflight,
+            linger_ms,
+        } => {
+            let (_cluster, ns) = setup(nameserver, &target).await?;
+            let r = produce(&ns, &target.topic, count, size, inflight, linger_ms, true).await?;
+            let t = throughput(r.acked, size, r.elapsed);
+            if json {
+                println!(
+                    "{}",
+                    json_line(&json!({
+                        "bench": "produce", "size": size, "inflight": inflight,
+                        "messages": t.messages, "failed": r.failed, "seconds": t.seconds,
+                        "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
+                        "latency_ms": r.latency,
+                    }))
+                );
+            } else {
+                print_figures(
+                    &format!("produce {size} B, {inflight} in flight"),
+                    t.messages,
+                    t.seconds,
+                    t.msgs_per_sec,
+                    t.mb_per_sec,
+                    &r.latency,
+                );
+            }
+            if r.failed > 0 {
+                bail!(
+                    "{} sends failed: {}",
+                    r.failed,
+                    r.first_error.unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        BenchCmd::Consume {
+            target,
+            count,
+            size,
+            group,
+            timeout_ms,
+        } => {
+            let (_cluster, ns) = setup(nameserver, &target).await?;
+            if target.local {
+                eprintln!("producing {count} messages first");
+                produce(&ns, &target.topic, count, size, 256, 0, false).await?;
+            }
+            let group = group.unwrap_or_else(|| format!("bench-{:08x}", rand::random::<u32>()));
+            consume(&ns, json, &target.topic, &group, count, timeout_ms).await
+        }
+        BenchCmd::Failover {
+            kills,
+            senders,
+            no_verify,
+        } => failover(json, kills, senders, !no_verify).await,
+    }
+}
+
+/// A local cluster when asked, and the topic (created when missing).
+async fn setup(nameserver: &str, target: &BenchTarget) -> Result<(Option<LocalCluster>, String)> {
+    let (cluster, ns) = if target.local {
+        eprintln!("starting a local cluster");
+        let c = LocalCluster::start(LocalClusterOptions::default()).await?;
+        let ns = c.nameserver.clone();
+        (Some(c), ns)
+    } else {
+        (None, nameserver.to_string())
+    };
+    let admin = Admin::connect(&ns)?;
+    match admin.route(&target.topic).await {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {
+            admin
+                .create_topic(&target.topic, target.queues, None)
+                .await
+                .with_context(|| format!("creating topic {}", target.topic))?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((cluster, ns))
+}
+
+struct ProduceRun {
+    acked: u64,
+    failed: u64,
+    first_error: Option<String>,
+    elapsed: Duration,
+    latency: LatencySummary,
+}
+
+async fn produce(
+    ns: &str,
+    topic: &str,
+    count: u64,
+    size: usize,
+    inflight: usize,
+    linger_ms: u64,
+    progress: bool,
+) -> Result<ProduceRun> {
+    let producer = Producer::builder(ns)
+        .linger(Duration::from_millis(linger_ms))
+        .inflight_batches(16)
+        .build()?;
+    let mut lat = Vec::with_capacity(count as usize);
+    let mut pending = FuturesUnordered::new();
+    let (mut sent, mut acked, mut failed) = (0u64, 0u64, 0u64);
+    let mut first_error = None;
+    let started = Instant::now();
+    let mut next_report = started + Duration::from_secs(1);
+    let mut last_acked = 0u64;
+    while acked + failed < count {
+        while sent < count && pending.len() < inflight.max(1) {
+            let body = generated_body(sent, size);
+            sent += 1;
+            let p = &producer;
+            pending.push(async move {
+                let t0 = Instant::now();
+                let r = p.send(topic, Message::new(body)).await;
+                (t0.elapsed(), r)
+            });
+        }
+        let Some((d, r)) = pending.next().await else {
+            break;
+        };
+        match r {
+            Ok(_) => {
+                acked += 1;
+                lat.push(d);
+            }
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+        if progress && Instant::now() >= next_report {
+            eprintln!(
+                "  {:>5.1} s  acked {acked:>9}  {:>9.0} msg/s",
+                started.elapsed().as_secs_f64(),
+                (acked - last_acked) as f64
+            );
+            last_acked = acked;
+            next_report += Duration::from_secs(1);
+        }
+    }
+    let elapsed = started.elapsed();
+    drop(pending);
+    producer.close().await;
+    Ok(ProduceRun {
+        acked,
+        failed,
+        first_error,
+        elapsed,
+        latency: summarize(&mut lat),
+    })
+}
+
+async fn consume(
+    ns: &str,
+    json: bool,
+    topic: &str,
+    group: &str,
+    count: u64,
+    timeout_ms: u64,
+) -> Result<()> {
+    let mut consumer = Consumer::builder(ns, group, topic)
+        .start_from(StartFrom::Earliest)
+        .build()?;
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut last = Instant::now();
+    let (mut n, mut bytes) = (0u64, 0u64);
+    let mut lat = Vec::new();
+    let mut next_report = started + Duration::from_secs(1);
+    let mut last_n = 0;
+    while n < count && last.elapsed() < Duration::from_millis(timeout_ms) {
+        let batch = consumer.poll(4096, Duration::from_millis(200)).await?;
+        if batch.is_empty() {
+            continue;
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        first.get_or_insert_with(Instant::now);
+        last = Instant::now();
+        for m in &batch {
+            n += 1;
+            bytes += m.body.len() as u64;
+            lat.push(Duration::from_millis(
+                now_ms.saturating_sub(m.store_timestamp_ms),
+            ));
+        }
+        if Instant::now() >= next_report {
+            eprintln!(
+                "  {:>5.1} s  consumed {n:>9}  {:>9.0} msg/s",
+                started.elapsed().as_secs_f64(),
+                (n - last_n) as f64
+            );
+            last_n = n;
+            next_report += Duration::from_secs(1);
+        }
+    }
+    consumer.close().await?;
+    let elapsed = first.map_or(Duration::ZERO, |f| last.duration_since(f));
+    let avg = bytes.checked_div(n).unwrap_or(0) as usize;
+    let t = throughput(n, avg, elapsed);
+    let l = summarize(&mut lat);
+    if json {
+        println!(
+            "{}",
+            json_line(&json!({
+                "bench": "consume", "group": group, "messages": n, "seconds": t.seconds,
+                "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
+                "end_to_end_latency_ms": l,
+            }))
+        );
+    } else {
+        print_figures(
+            "consume (latency: store → read)",
+            n,
+            t.seconds,
+            t.msgs_per_sec,
+            t.mb_per_sec,
+            &l,
+        );
+    }
+    if n < count {
+        bail!("consumed {n} of {count} messages before {timeout_ms} ms passed without any");
+    }
+    Ok(())
+}
+
+fn print_figures(what: &str, n: u64, secs: f64, rate: f64, mb: f64, l: &LatencySummary) {
+    println!("{what}");
+    print!(
+        "{}",
+        table(
+            &[
+                "MESSAGES", "SECONDS", "MSG/S", "MB/S", "P50 MS", "P99 MS", "P999 MS", "MAX MS"
+            ],
+            &[vec![
+                n.to_string(),
+                format!("{secs:.2}"),
+                format!("{rate:.0}"),
+                format!("{mb:.1}"),
+                format!("{:.2}", l.p50_ms),
+                format!("{:.2}", l.p99_ms),
+                format!("{:.2}", l.p999_ms),
+                format!("{:.2}", l.max_ms),
+            ]],
+        )
+    );
+}
+
+/// One kill of the failover bench.
+#[derive(Debug, Clone, serde::Serialize)]
+struct KillResult {
+    killed: u64,
+    old_term: u64,
+    new_leader: u64,
+    new_term: u64,
+    election_ms: f64,
+    outage_ms: f64,
+}
+
+async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result<()> {
+    eprintln!("starting a local cluster");
+    let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
+    let ns = cluster.nameserver.clone();
+    let admin = Admin::connect(&ns)?;
+    let topic = "failover";
+    admin.create_topic(topic, 4, None).await?;
+    let producer = Arc::new(
+        Producer::builder(&ns)
+            .send_timeout(Duration::from_secs(30))
+            .build()?,
+    );
+    let load = Load::start(producer.clone(), topic, "f", senders, 128);
+    let mut results = Vec::new();
+    for k in 1..=kills {
+        let (leader, old_term) = wait_stable(&mut cluster, &admin, &load).await?;
+        let killed_at = Instant::now();
+        cluster.kill(leader)?;
+        let (mut elected, mut first_ack) = (None, None);
+        let deadline = killed_at + Duration::from_secs(30);
+        while elected.is_none() || first_ack.is_none() {
+            if Instant::now() > deadline {
+                bail!("kill {k}: no new leader or no acknowledged send within 30 s");
+            }
+            if elected.is_none()
+                && let Some((id, term)) = live_leader(&cluster, &admin).await
+                && term > old_term
+            {
+                elected = Some((id, term, killed_at.elapsed()));
+            }
+            if first_ack.is_none() {
+                first_ack = load
+                    .first_ack_started_after(killed_at)
+                    .map(|t| t.duration_since(killed_at));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (new_leader, new_term, election) = elected.unwrap_or_default();
+        let outage = first_ack.unwrap_or_default();
+        let r = KillResult {
+            killed: leader,
+            old_term,
+            new_leader,
+            new_term,
+            election_ms: election.as_secs_f64() * 1000.0,
+            outage_ms: outage.as_secs_f64() * 1000.0,
+        };
+        eprintln!(
+            "  kill {k:>3}/{kills}: node {} (term {}) → node {} leads (term {}) after {:.0} ms; first ack after {:.0} ms",
+            r.killed, r.old_term, r.new_leader, r.new_term, r.election_ms, r.outage_ms
+        );
+        results.push(r);
+        cluster.restart(leader)?;
+    }
+    let log = load.stop().await;
+    producer_close(producer).await;
+    let report = if check {
+        let acked: HashSet<String> = log.acks.iter().map(|a| a.body.clone()).collect();
+        eprintln!("reading back {} acknowledged messages", acked.len());
+        Some(verify(&ns, topic, &acked, Duration::from_secs(10)).await?)
+    } else {
+        None
+    };
+    let mut outages: Vec<Duration> = results
+        .iter()
+        .map(|r| Duration::from_secs_f64(r.outage_ms / 1000.0))
+        .collect();
+    let mut elections: Vec<Duration> = results
+        .iter()
+        .map(|r| Duration::from_secs_f64(r.election_ms / 1000.0))
+        .collect();
+    let (o, e) = (summarize(&mut outages), summarize(&mut elections));
+    if json {
+        println!(
+            "{}",
+            json_line(&json!({
+                "bench": "failover", "kills": results.len(), "outage_ms": o, "election_ms": e,
+                "per_kill": results, "acked": log.acks.len(), "failed_sends": log.failed,
+                "verify": report,
+            }))
+        );
+    } else {
+        let rows: Vec<Vec<String>> = [("outage (kill → first ack)", &o), ("election", &e)]
+            .iter()
+            .map(|(n, s)| {
+                vec![
+                    n.to_string(),
+                    s.count.to_string(),
+                    format!("{:.0}", s.p50_ms),
+                    format!("{:.0}", s.p99_ms),
+                    format!("{:.0}", s.max_ms),
+                    format!("{:.0}", s.mean_ms),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(
+                &["", "KILLS", "P50 MS", "P99 MS", "MAX MS", "MEAN MS"],
+                &rows
+            )
+        );
+        println!(
+            "acknowledged {} messages, {} sends failed",
+            log.acks.len(),
+            log.failed
+        );
+        if let Some(r) = &report {
+            println!(
+                "read back: {} consumed, {} lost, {} duplicates",
+                r.consumed, r.lost, r.duplicates
+            );
+        }
+    }
+    if let Some(r) = report
+        && r.lost > 0
+    {
+        bail!("{} acknowledged messages were lost", r.lost);
+    }
+    Ok(())
+}
+
+async fn producer_close(p: Arc<Producer>) {
+    if let Ok(p) = Arc::try_unwrap(p) {
+        p.close().await;
+    }
+}
+
+/// The leader with the highest term among the nodes that answer: (node id, term).
+pub async fn live_leader(cluster: &LocalCluster, admin: &Admin) -> Option<(u64, u64)> {
+    cluster
+        .statuses(admin)
+        .await
+        .into_iter()
+        .filter_map(|(_, s)| s)
+        .filter(|s| s.role == "leader")
+        .max_by_key(|s| s.term)
+        .map(|s| (s.node_id, s.term))
+}
+
+/// Waits until every node runs and answers, one leads, the others have applied nearly all it
+/// committed, and sends are being acknowledged. Returns (leader, term).
+async fn wait_stable(cluster: &mut LocalCluster, admin: &Admin, load: &Load) -> Result<(u64, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        cluster.check_children()?;
+        let statuses = cluster.statuses(admin).await;
+        let live: Vec<_> = statuses.iter().filter_map(|(_, s)| s.as_ref()).collect();
+        if live.len() == statuses.len()
+            && let Some(leader) = live
+                .iter()
+                .filter(|s| s.role == "leader")
+                .max_by_key(|s| s.term)
+            && live.iter().all(|s| {
+                s.role == "leader" || (s.role == "follower" && s.applied + 64 >= leader.committed)
+            })
+            && load
+                .last_ack()
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
+        {
+            return Ok((leader.node_id, leader.term));
+        }
+        if Instant::now() > deadline {
+            bail!("the cluster did not settle (all nodes up, followers caught up) within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

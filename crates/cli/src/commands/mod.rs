@@ -1,0 +1,10 @@
+//! One module per command family; each takes parsed arguments and does the work.
+
+pub mod admin_ops;
+pub mod bench;
+pub mod cluster;
+pub mod consume;
+pub mod demo;
+pub mod playground;
+pub mod produce;
+pub mod topic;

@@ -1,0 +1,178 @@
+//! Background load and the loss check shared by `demo` and `bench failover`.
+//!
+//! [`Load`] runs senders that each send one uniquely numbered message at a time and log every
+//! acknowledgement with the instant its send started and ended. [`verify`] reads the topic from
+//! the beginning with a fresh consumer group and reports which acknowledged messages it did not
+//! find (lost), which it read twice, and which it read without their send having been
+//! acknowledged (stored, but the client gave up or was stopped before the answer).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use raftmq_client::{Consumer, Message, Producer, StartFrom};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct Ack {
+    pub started: Instant,
+    pub acked: Instant,
+    pub body: String,
+}
+
+#[derive(Debug, Default)]
+pub struct AckLog {
+    pub acks: Vec<Ack>,
+    pub failed: u64,
+    pub first_error: Option<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub struct Load {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    log: Arc<Mutex<AckLog>>,
+}
+
+impl Load {
+    /// Starts `senders` tasks sending bodies `{prefix}-{sender}-{n}` padded to `size` bytes.
+    pub fn start(
+        producer: Arc<Producer>,
+        topic: &str,
+        prefix: &str,
+        senders: usize,
+        size: usize,
+    ) -> Load {
+        let (stop, stop_rx) = watch::channel(false);
+        let log = Arc::new(Mutex::new(AckLog::default()));
+        let tasks = (0..senders.max(1))
+            .map(|s| {
+                let (producer, log, stop_rx) = (producer.clone(), log.clone(), stop_rx.clone());
+                let (topic, prefix) = (topic.to_string(), prefix.to_string());
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while !*stop_rx.borrow() {
+                        let id = format!("{prefix}-{s}-{n}");
+                        n += 1;
+                        let mut body = id.clone().into_bytes();
+                        body.push(b' ');
+                        body.resize(size.max(body.len()), b'.');
+                        let started = Instant::now();
+                        match producer.send(&topic, Message::new(body)).await {
+                            Ok(_) => lock(&log).acks.push(Ack {
+                                started,
+                                acked: Instant::now(),
+                                body: id,
+                            }),
+                            Err(e) => {
+                                let mut l = lock(&log);
+                                l.failed += 1;
+                                l.first_error.get_or_insert_with(|| e.to_string());
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, tasks, log }
+    }
+
+    pub fn acked(&self) -> usize {
+        lock(&self.log).acks.len()
+    }
+
+    pub fn failed(&self) -> u64 {
+        lock(&self.log).failed
+    }
+
+    /// When the first send that started at or after `t` was acknowledged.
+    pub fn first_ack_started_after(&self, t: Instant) -> Option<Instant> {
+        lock(&self.log)
+            .acks
+            .iter()
+            .rev()
+            .take_while(|a| a.acked >= t)
+            .filter(|a| a.started >= t)
+            .map(|a| a.acked)
+            .min()
+    }
+
+    /// When the last acknowledgement arrived.
+    pub fn last_ack(&self) -> Option<Instant> {
+        lock(&self.log).acks.last().map(|a| a.acked)
+    }
+
+    /// Stops the senders (each finishes its current send) and returns the log.
+    pub async fn stop(self) -> AckLog {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        std::mem::take(&mut *lock(&self.log))
+    }
+}
+
+/// What reading the topic back found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct VerifyReport {
+    pub acked: usize,
+    pub consumed: u64,
+    pub unique: usize,
+    pub duplicates: u64,
+    pub lost: usize,
+    /// Read, but their send was never acknowledged.
+    pub unacknowledged_stored: usize,
+    pub seconds: f64,
+}
+
+/// Reads `topic` from the earliest offset with a new group until every id in `acked` was seen or
+/// nothing arrived for `idle`.
+pub async fn verify(
+    nameserver: &str,
+    topic: &str,
+    acked: &HashSet<String>,
+    idle: Duration,
+) -> Result<VerifyReport> {
+    let started = Instant::now();
+    let group = format!("verify-{:08x}", rand::random::<u32>());
+    let mut consumer = Consumer::builder(nameserver, &group, topic)
+        .start_from(StartFrom::Earliest)
+        .build()?;
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    let mut consumed = 0u64;
+    let mut found = 0usize;
+    let mut last = Instant::now();
+    while found < acked.len() && last.elapsed() < idle {
+        let batch = consumer.poll(4096, Duration::from_millis(200)).await?;
+        if !batch.is_empty() {
+            last = Instant::now();
+        }
+        for m in batch {
+            consumed += 1;
+            let text = String::from_utf8_lossy(&m.body);
+            let id = text.split(' ').next().unwrap_or_default().to_string();
+            let c = seen.entry(id.clone()).or_insert(0);
+            *c += 1;
+            if *c == 1 && acked.contains(&id) {
+                found += 1;
+            }
+        }
+    }
+    let _ = consumer.close().await;
+    let duplicates = seen.values().map(|c| u64::from(c - 1)).sum();
+    Ok(VerifyReport {
+        acked: acked.len(),
+        consumed,
+        unique: seen.len(),
+        duplicates,
+        lost: acked.len() - found,
+        unacknowledged_stored: seen.keys().filter(|k| !acked.contains(*k)).count(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

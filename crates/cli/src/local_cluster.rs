@@ -1,0 +1,467 @@
+//! A local cluster of real processes: one nameserver and one broker group of N nodes, in a
+//! temporary directory, on free ports of 127.0.0.1. Every process spawn of the CLI goes through
+//! this module.
+//!
+//! Programs: the `nameserver` and `broker-node` binaries next to the running executable (cargo's
+//! `target/debug` or `target/release`; `RAFTMQ_BIN_DIR` overrides the place), else this `raftmq`
+//! executable re-run with the hidden `run-nameserver` / `run-broker-node` subcommands. When the
+//! binaries found are older than this executable and it embeds the servers, it is used instead,
+//! so `cargo run -p raftmq-cli -- demo` never runs stale servers.
+//!
+//! Contract: every child is SIGKILLed and reaped when the [`LocalCluster`] is dropped — on
+//! success, on error, and on Ctrl-C (the CLI drops the running command's future on SIGINT or
+//! SIGTERM). Readiness is observed (node status, nameserver view), never assumed after a sleep.
+//! Each node's standard output and error go to `node-N.log` in the directory.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use raftmq_client::{Admin, NodeStatusResponse};
+
+/// Whether this executable can run the servers itself (`run-nameserver`, `run-broker-node`).
+pub const SERVERS_BUILT_IN: bool = crate::servers::BUILT_IN;
+
+/// How long a fresh cluster may take to elect a leader and register it.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct LocalClusterOptions {
+    pub nodes: u64,
+    pub cluster: String,
+    pub broker: String,
+    /// Keep the directory (data, logs) after drop.
+    pub keep_dir: bool,
+}
+
+impl Default for LocalClusterOptions {
+    fn default() -> Self {
+        LocalClusterOptions {
+            nodes: 3,
+            cluster: "DefaultCluster".into(),
+            broker: "broker-a".into(),
+            keep_dir: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Launcher {
+    Binaries {
+        nameserver: PathBuf,
+        broker_node: PathBuf,
+    },
+    SelfExe(PathBuf),
+}
+
+impl Launcher {
+    fn find() -> Result<Launcher> {
+        let exe = std::env::current_exe().context("locating the running executable")?;
+        let mut dirs = Vec::new();
+        if let Some(d) = std::env::var_os("RAFTMQ_BIN_DIR") {
+            dirs.push(PathBuf::from(d));
+        }
+        if let Some(d) = exe.parent() {
+            dirs.push(d.to_path_buf());
+            // Test executables live in target/<profile>/deps.
+            if let Some(p) = d.parent() {
+                dirs.push(p.to_path_buf());
+            }
+        }
+        let is_raftmq = exe.file_stem().is_some_and(|s| s == "raftmq");
+        let raftmq = if is_raftmq {
+            Some(exe.clone())
+        } else {
+            dirs.iter().map(|d| d.join("raftmq")).find(|p| p.is_file())
+        };
+        let binaries = dirs.iter().find_map(|d| {
+            let (ns, bn) = (d.join("nameserver"), d.join("broker-node"));
+            (ns.is_file() && bn.is_file()).then_some((ns, bn))
+        });
+        if let Some((nameserver, broker_node)) = binaries {
+            let stale = SERVERS_BUILT_IN
+                && is_raftmq
+                && modified(&broker_node)
+                    .zip(modified(&exe))
+                    .is_some_and(|(b, e)| b < e);
+            if !stale {
+                return Ok(Launcher::Binaries {
+                    nameserver,
+                    broker_node,
+                });
+            }
+        }
+        match raftmq {
+            Some(p) => Ok(Launcher::SelfExe(p)),
+            None => bail!(
+                "no nameserver/broker-node binaries next to {} and no raftmq executable: build them \
+                 with `cargo build -p raftmq-nameserver -p raftmq-broker-node -p raftmq-cli`",
+                exe.display()
+            ),
+        }
+    }
+
+    fn command(&self, server: &str) -> Command {
+        match (self, server) {
+            (Launcher::Binaries { nameserver, .. }, "nameserver") => Command::new(nameserver),
+            (Launcher::Binaries { broker_node, .. }, _) => Command::new(broker_node),
+            (Launcher::SelfExe(exe), _) => {
+                let mut c = Command::new(exe);
+                c.arg(format!("run-{server}"));
+                c
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Launcher::Binaries { broker_node, .. } => format!(
+                "binaries in {}",
+                broker_node
+                    .parent()
+                    .map_or_else(String::new, |p| p.display().to_string())
+            ),
+            Launcher::SelfExe(p) => format!("{} run-*", p.display()),
+        }
+    }
+}
+
+fn modified(p: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// One node of the local broker group.
+#[derive(Debug)]
+pub struct LocalNode {
+    pub node_id: u64,
+    pub address: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+/// A nameserver and one broker group running as child processes. See the module docs.
+pub struct LocalCluster {
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    launcher: Launcher,
+    pub cluster: String,
+    pub broker: String,
+    pub nameserver: String,
+    ns_log: PathBuf,
+    ns: Option<Child>,
+    nodes: Vec<LocalNode>,
+    peers: String,
+}
+
+/// Free ports on 127.0.0.1, distinct (all listeners are held until every port is chosen).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .context("finding free ports on 127.0.0.1")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+fn log_file(path: &Path) -> Result<(Stdio, Stdio)> {
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let f2 = f.try_clone()?;
+    Ok((Stdio::from(f), Stdio::from(f2)))
+}
+
+/// The last `n` lines of a log file (for error messages).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let Ok(f) = File::open(path) else {
+        return String::new();
+    };
+    let lines: Vec<String> = BufReader::new(f).lines().map_while(|l| l.ok()).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+impl LocalCluster {
+    /// Starts the processes and waits until a leader is elected and known to the nameserver.
+    pub async fn start(opts: LocalClusterOptions) -> Result<LocalCluster> {
+        let launcher = Launcher::find()?;
+        let dir = tempfile::Builder::new()
+            .prefix("raftmq-local-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        let root = dir.path().to_path_buf();
+        let ports = free_ports(1 + opts.nodes as usize)?;
+        let nameserver = format!("127.0.0.1:{}", ports[0]);
+        let nodes: Vec<LocalNode> = (1..=opts.nodes)
+            .map(|id| LocalNode {
+                node_id: id,
+                address: format!("127.0.0.1:{}", ports[id as usize]),
+                data_dir: root.join(format!("node-{id}")),
+                log: root.join(format!("node-{id}.log")),
+                child: None,
+            })
+            .collect();
+        let peers = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.node_id, n.address))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = LocalCluster {
+            dir: Some(dir),
+            root: root.clone(),
+            launcher,
+            cluster: opts.cluster,
+            broker: opts.broker,
+            nameserver,
+            ns_log: root.join("nameserver.log"),
+            ns: None,
+            nodes,
+            peers,
+        };
+        if opts.keep_dir
+            && let Some(d) = cluster.dir.take()
+        {
+            let _ = d.keep();
+        }
+        tracing::info!(
+            "local cluster in {} using {}",
+            root.display(),
+            cluster.launcher.describe()
+        );
+        cluster.spawn_nameserver()?;
+        for id in 1..=opts.nodes {
+            cluster.spawn_node(id)?;
+        }
+        if let Err(e) = cluster.wait_ready(READY_TIMEOUT).await {
+            // Keep the logs for whoever has to find out why.
+            if let Some(d) = cluster.dir.take() {
+                let _ = d.keep();
+            }
+            return Err(e.context(format!("logs kept in {}", cluster.root.display())));
+        }
+        Ok(cluster)
+    }
+
+    /// The directory holding data and logs.
+    pub fn dir(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn nodes(&self) -> &[LocalNode] {
+        &self.nodes
+    }
+
+    pub fn node_address(&self, id: u64) -> Option<&str> {
+        self.node(id).map(|n| n.address.as_str())
+    }
+
+    fn node(&self, id: u64) -> Option<&LocalNode> {
+        self.nodes.iter().find(|n| n.node_id == id)
+    }
+
+    fn spawn_nameserver(&mut self) -> Result<()> {
+        let (out, err) = log_file(&self.ns_log)?;
+        let child = self
+            .launcher
+            .command("nameserver")
+            .args(["--listen", &self.nameserver])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .context("starting the nameserver")?;
+        self.ns = Some(child);
+        Ok(())
+    }
+
+    fn spawn_node(&mut self, id: u64) -> Result<()> {
+        let idx = self
+            .nodes
+            .iter()
+            .position(|n| n.node_id == id)
+            .ok_or_else(|| anyhow!("no local node {id}"))?;
+        let (cluster, broker, peers, ns) = (
+            self.cluster.clone(),
+            self.broker.clone(),
+            self.peers.clone(),
+            self.nameserver.clone(),
+        );
+        let mut cmd = self.launcher.command("broker-node");
+        let node = &mut self.nodes[idx];
+        std::fs::create_dir_all(&node.data_dir)
+            .with_context(|| format!("creating {}", node.data_dir.display()))?;
+        let (out, err) = log_file(&node.log)?;
+        let child = cmd
+            .args(["--cluster", &cluster, "--broker", &broker])
+            .args(["--node-id", &id.to_string(), "--listen", &node.address])
+            .args(["--peers", &peers, "--nameservers", &ns])
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting broker node {id}"))?;
+        node.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs node `id` and reaps it.
+    pub fn kill(&mut self, id: u64) -> Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.node_id == id)
+            .ok_or_else(|| anyhow!("no local node {id}"))?;
+        if let Some(mut c) = node.child.take() {
+            // `Child::kill` sends SIGKILL on Unix.
+            c.kill().with_context(|| format!("killing node {id}"))?;
+            c.wait().with_context(|| format!("reaping node {id}"))?;
+        }
+        Ok(())
+    }
+
+    /// Starts node `id` again on its data directory.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        self.kill(id)?;
+        self.spawn_node(id)
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.node(id).is_some_and(|n| n.child.is_some())
+    }
+
+    /// Fails with the log tail of any child that exited on its own.
+    pub fn check_children(&mut self) -> Result<()> {
+        if let Some(c) = self.ns.as_mut()
+            && let Some(status) = c.try_wait()?
+        {
+            self.ns = None;
+            bail!(
+                "the nameserver exited ({status}): {}",
+                log_tail(&self.ns_log, 1)
+            );
+        }
+        for n in &mut self.nodes {
+            if let Some(c) = n.child.as_mut()
+                && let Some(status) = c.try_wait()?
+            {
+                n.child = None;
+                bail!(
+                    "broker node {} exited ({status}): {}",
+                    n.node_id,
+                    log_tail(&n.log, 1)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The live status of every node (`None`: not answering), by node id.
+    pub async fn statuses(&self, admin: &Admin) -> Vec<(u64, Option<NodeStatusResponse>)> {
+        let calls = self.nodes.iter().map(|n| async move {
+            if n.child.is_none() {
+                return (n.node_id, None);
+            }
+            (n.node_id, admin.node_status(&n.address).await.ok())
+        });
+        futures::future::join_all(calls).await
+    }
+
+    /// Waits until every running node answers, one leads, and the nameserver knows that leader.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(u64, String)> {
+        let admin = Admin::connect(&self.nameserver)?;
+        let start = Instant::now();
+        loop {
+            let last;
+            self.check_children()?;
+            let statuses = self.statuses(&admin).await;
+            let running = statuses
+                .iter()
+                .filter(|(id, _)| self.is_running(*id))
+                .count();
+            let answered = statuses.iter().filter(|(_, s)| s.is_some()).count();
+            let leader = statuses
+                .iter()
+                .filter_map(|(_, s)| s.as_ref())
+                .filter(|s| s.role == "leader")
+                .max_by_key(|s| s.term)
+                .map(|s| s.node_id);
+            if answered == running
+                && let Some(leader) = leader
+            {
+                match admin.leader_of(&self.broker).await {
+                    Ok(Some((id, addr))) if id == leader => {
+                        let registered = admin
+                            .broker_names()
+                            .await
+                            .is_ok_and(|b| b.contains(&self.broker));
+                        if registered {
+                            return Ok((id, addr));
+                        }
+                        last = "the broker group is not registered yet".into();
+                    }
+                    Ok(_) => {
+                        last = format!("node {leader} leads; the nameserver does not know yet")
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            } else {
+                last = format!("{answered} of {running} nodes answer, leader: {leader:?}");
+            }
+            if start.elapsed() > timeout {
+                bail!("local cluster not ready after {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Kills every child. Also done on drop.
+    pub fn shutdown(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if let Some(mut c) = self.ns.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let p = free_ports(4).expect("ports");
+        let set: std::collections::HashSet<u16> = p.iter().copied().collect();
+        assert_eq!(set.len(), 4);
+    }
+
+    #[test]
+    fn log_tail_keeps_the_last_lines() {
+        let dir = tempfile::tempdir().expect("dir");
+        let p = dir.path().join("x.log");
+        std::fs::write(&p, "a\nb\nc\n").expect("write");
+        assert_eq!(log_tail(&p, 2), "b\nc");
+        assert_eq!(log_tail(&dir.path().join("missing"), 2), "");
+    }
+}

@@ -1,0 +1,78 @@
+//! One lazily connected gRPC channel per address, shared by every task of a client.
+//!
+//! Channels reconnect by themselves after the peer restarts, so a cached channel stays valid; a
+//! call on a dead peer fails quickly with a transport error that the retry loops handle.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use raftmq_proto::v1::nameserver_service_client::NameserverServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, Result};
+
+/// Replies (pulls of large messages) may be far above tonic's 4 MiB default.
+pub(crate) const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Connect timeout: a local or LAN peer that has not accepted in this long is treated as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// Channels by address.
+#[derive(Clone, Default)]
+pub(crate) struct Pool {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+/// `host:port` → `http://host:port`; an address with a scheme is kept as is.
+pub(crate) fn endpoint_uri(address: &str) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+impl Pool {
+    pub(crate) fn channel(&self, address: &str) -> Result<Channel> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = channels.get(address) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(endpoint_uri(address))
+            .map_err(|source| Error::InvalidAddress {
+                address: address.to_string(),
+                source,
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    pub(crate) fn nameserver(&self, address: &str) -> Result<NameserverServiceClient<Channel>> {
+        Ok(NameserverServiceClient::new(self.channel(address)?)
+            .max_decoding_message_size(MESSAGE_BYTES_MAX))
+    }
+}
+
+/// A request with a deadline that the server sees too (`grpc-timeout`).
+pub(crate) fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_get_a_scheme() {
+        assert_eq!(endpoint_uri("127.0.0.1:9876"), "http://127.0.0.1:9876");
+        assert_eq!(endpoint_uri("https://ns:9876"), "https://ns:9876");
+    }
+}

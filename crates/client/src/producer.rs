@@ -1,0 +1,583 @@
+//! The producer: queue choice, batching, the in-flight window, retries, idempotence.
+//!
+//! [`Producer::send`] picks the message's target — the queue of its key's hash, or "any queue" for
+//! messages without a key — and hands it to one batcher task. The batcher keeps an open batch per
+//! target and dispatches a batch when it is full or has waited `linger`, as long as fewer than
+//! `inflight_batches_max` batches are in flight and its queue has none in flight. Messages that
+//! arrive while the window is full therefore gather into bigger batches by themselves, so a
+//! linger of zero (the default) already batches under load without delaying a lone message.
+//!
+//! One batch in flight per queue keeps each key's messages in order even across retries. A batch
+//! carries `(producer_id, sequence)`; a retry reuses both, so the broker stores it once. Retries
+//! follow `NOT_LEADER` hints at once and back off on unavailability (see the router) until the
+//! send timeout; then every message of the batch fails with [`Error::Timeout`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftmq_proto::v1;
+use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::conn::{MESSAGE_BYTES_MAX, request};
+use crate::error::{Error, Result};
+use crate::nameserver::{TopicRoute, parse_nameservers};
+use crate::queue::{QueueId, QueueSelector, queue_for_key};
+use crate::router::{RetryPolicy, Router};
+
+/// Limits of the broker (DESIGN.md "Limits"), checked here before anything is sent.
+pub const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+pub const BATCH_MESSAGES_MAX: usize = 1_000;
+pub const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// A message to send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Message {
+    /// Messages with the same non-empty key go to the same queue, in order.
+    pub key: String,
+    pub tag: String,
+    pub body: Vec<u8>,
+    pub properties: HashMap<String, String>,
+}
+
+impl Message {
+    pub fn new(body: impl Into<Vec<u8>>) -> Self {
+        Message {
+            body: body.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
+    }
+
+    pub fn with_tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = tag.into();
+        self
+    }
+
+    pub fn with_property(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(name.into(), value.into());
+        self
+    }
+
+    fn wire_bytes(&self) -> usize {
+        self.key.len()
+            + self.tag.len()
+            + self.body.len()
+            + self
+                .properties
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>()
+            + 16
+    }
+}
+
+/// Where an acknowledged message was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReceipt {
+    pub topic: String,
+    pub broker: String,
+    pub queue: u32,
+    pub offset: u64,
+    pub msg_id: String,
+    /// The broker had stored this batch before (the reply to an idempotent retry).
+    pub duplicate: bool,
+}
+
+/// Producer settings; see [`ProducerBuilder`] for what each one does.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    pub linger: Duration,
+    pub batch_messages_max: usize,
+    pub batch_bytes_max: usize,
+    pub inflight_batches_max: usize,
+    pub pending_messages_max: usize,
+    pub send_timeout: Duration,
+    pub route_refresh: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            linger: Duration::ZERO,
+            batch_messages_max: BATCH_MESSAGES_MAX,
+            batch_bytes_max: BATCH_BYTES_MAX - 64 * 1024,
+            inflight_batches_max: 16,
+            pending_messages_max: 10_000,
+            send_timeout: Duration::from_secs(10),
+            route_refresh: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Builds a [`Producer`].
+#[derive(Debug, Clone)]
+pub struct ProducerBuilder {
+    nameservers: Vec<String>,
+    config: ProducerConfig,
+}
+
+impl ProducerBuilder {
+    /// How long a batch that is not full may wait for more messages (default 0: send as soon as
+    /// the window allows; batches still form while the window is full).
+    pub fn linger(mut self, d: Duration) -> Self {
+        self.config.linger = d;
+        self
+    }
+
+    /// Most batches awaiting acknowledgement at once (default 16).
+    pub fn inflight_batches(mut self, n: usize) -> Self {
+        self.config.inflight_batches_max = n.max(1);
+        self
+    }
+
+    /// Most messages per batch (default and maximum 1,000).
+    pub fn batch_messages(mut self, n: usize) -> Self {
+        self.config.batch_messages_max = n.clamp(1, BATCH_MESSAGES_MAX);
+        self
+    }
+
+    /// How long a send may retry before it fails (default 10 s).
+    pub fn send_timeout(mut self, d: Duration) -> Self {
+        self.config.send_timeout = d;
+        self
+    }
+
+    /// How often routes are fetched again from the nameservers (default 30 s; also on errors).
+    pub fn route_refresh(mut self, d: Duration) -> Self {
+        self.config.route_refresh = d;
+        self
+    }
+
+    pub fn retry_policy(mut self, p: RetryPolicy) -> Self {
+        self.config.retry = p;
+        self
+    }
+
+    /// Starts the producer. Needs a Tokio runtime; does not contact the cluster yet.
+    pub fn build(self) -> Result<Producer> {
+        let router = Router::new(self.nameservers, self.config.retry.clone())?;
+        let (tx, rx) = mpsc::channel(self.config.pending_messages_max.max(1));
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let batcher = Batcher {
+            rx,
+            done_tx,
+            done_rx,
+            router: router.clone(),
+            config: self.config.clone(),
+            // 0 disables idempotence on the broker, so never use it.
+            producer_id: rand::random::<u64>() | 1,
+            next_sequence: 1,
+            open: HashMap::new(),
+            busy: HashSet::new(),
+            inflight: 0,
+            selectors: HashMap::new(),
+            routes: HashMap::new(),
+        };
+        let task = tokio::spawn(batcher.run());
+        Ok(Producer {
+            tx,
+            router,
+            config: self.config,
+            task,
+        })
+    }
+}
+
+/// Sends messages to topics; cheap to share behind an `Arc`, every method takes `&self`.
+///
+/// ```no_run
+/// use raftmq_client::{Message, Producer};
+///
+/// # async fn example() -> raftmq_client::Result<()> {
+/// let producer = Producer::builder("127.0.0.1:9876").build()?;
+/// let receipt = producer
+///     .send("orders", Message::new("hello").with_key("customer-7"))
+///     .await?;
+/// println!("stored at {}/{} offset {}", receipt.broker, receipt.queue, receipt.offset);
+/// producer.close().await;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Producer {
+    tx: mpsc::Sender<Pending>,
+    router: Arc<Router>,
+    config: ProducerConfig,
+    task: JoinHandle<()>,
+}
+
+impl Producer {
+    /// A builder for nameservers given as `"host:port;host:port"`.
+    pub fn builder(nameservers: &str) -> ProducerBuilder {
+        ProducerBuilder {
+            nameservers: parse_nameservers(nameservers),
+            config: ProducerConfig::default(),
+        }
+    }
+
+    /// Sends one message and waits for its acknowledgement (stored on a majority, on disk).
+    /// Many `send` futures may be awaited concurrently; they are batched together.
+    pub async fn send(&self, topic: &str, message: Message) -> Result<SendReceipt> {
+        let deadline = Instant::now() + self.config.send_timeout;
+        if message.body.len() > BODY_BYTES_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "message body of {} bytes is above the limit of {BODY_BYTES_MAX}",
+                message.body.len()
+            )));
+        }
+        let route = self.route(topic, deadline).await?;
+        let queues = route.queues();
+        let target = if message.key.is_empty() {
+            None
+        } else {
+            let idx =
+                queue_for_key(&message.key, queues.len()).ok_or_else(|| Error::TopicNotFound {
+                    topic: topic.to_string(),
+                })?;
+            Some(queues[idx].clone())
+        };
+        let bytes = message.wire_bytes();
+        let (reply, rx) = oneshot::channel();
+        let pending = Pending {
+            topic: topic.to_string(),
+            route,
+            target,
+            bytes,
+            deadline,
+            message: v1::Message {
+                key: message.key,
+                tag: message.tag,
+                body: message.body,
+                properties: message.properties,
+            },
+            reply,
+        };
+        self.tx.send(pending).await.map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The topic's route: cached, refreshed when old; retried until the deadline while no
+    /// nameserver answers.
+    async fn route(&self, topic: &str, deadline: Instant) -> Result<Arc<TopicRoute>> {
+        let mut backoff = self.config.retry.backoff_initial;
+        loop {
+            match self.router.route(topic, self.config.route_refresh).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    if let Some(r) = self.router.cached_route(topic) {
+                        return Ok(r);
+                    }
+                    if !e.is_retriable() || Instant::now() + backoff >= deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.config.retry.backoff_max);
+                }
+            }
+        }
+    }
+
+    /// Sends what is pending, waits for every acknowledgement, and stops.
+    pub async fn close(self) {
+        drop(self.tx);
+        if let Err(e) = self.task.await {
+            tracing::warn!("producer batcher ended abnormally: {e}");
+        }
+    }
+}
+
+struct Pending {
+    topic: String,
+    route: Arc<TopicRoute>,
+    /// The keyed queue, or `None` for "any queue".
+    target: Option<QueueId>,
+    bytes: usize,
+    deadline: Instant,
+    message: v1::Message,
+    reply: oneshot::Sender<Result<SendReceipt>>,
+}
+
+type BatchKey = (String, Option<QueueId>);
+
+struct OpenBatch {
+    msgs: Vec<Pending>,
+    first_at: Instant,
+}
+
+struct Batcher {
+    rx: mpsc::Receiver<Pending>,
+    done_tx: mpsc::UnboundedSender<(String, QueueId)>,
+    done_rx: mpsc::UnboundedReceiver<(String, QueueId)>,
+    router: Arc<Router>,
+    config: ProducerConfig,
+    producer_id: u64,
+    next_sequence: u64,
+    open: HashMap<BatchKey, OpenBatch>,
+    /// Queues with a batch in flight.
+    busy: HashSet<(String, QueueId)>,
+    inflight: usize,
+    selectors: HashMap<String, QueueSelector>,
+    routes: HashMap<String, Arc<TopicRoute>>,
+}
+
+impl Batcher {
+    async fn run(mut self) {
+        let mut closing = false;
+        loop {
+            self.dispatch_ready(closing);
+            if closing && self.open.is_empty() && self.inflight == 0 {
+                return;
+            }
+            let linger_wake = if closing || self.config.linger.is_zero() {
+                None
+            } else {
+                self.open
+                    .values()
+                    .map(|b| b.first_at + self.config.linger)
+                    .filter(|t| *t > Instant::now())
+                    .min()
+            };
+            tokio::select! {
+                msg = self.rx.recv(), if !closing => match msg {
+                    Some(p) => {
+                        self.add(p);
+                        while let Ok(p) = self.rx.try_recv() {
+                            self.add(p);
+                        }
+                    }
+                    None => closing = true,
+                },
+                Some(done) = self.done_rx.recv() => {
+                    self.finish(done);
+                    while let Ok(done) = self.done_rx.try_recv() {
+                        self.finish(done);
+                    }
+                }
+                _ = sleep_until_opt(linger_wake), if linger_wake.is_some() => {}
+            }
+        }
+    }
+
+    fn add(&mut self, p: Pending) {
+        self.routes.insert(p.topic.clone(), p.route.clone());
+        let key = (p.topic.clone(), p.target.clone());
+        self.open
+            .entry(key)
+            .or_insert_with(|| OpenBatch {
+                msgs: Vec::new(),
+                first_at: Instant::now(),
+            })
+            .msgs
+            .push(p);
+    }
+
+    fn finish(&mut self, done: (String, QueueId)) {
+        self.busy.remove(&done);
+        self.inflight = self.inflight.saturating_sub(1);
+    }
+
+    fn is_ready(&self, b: &OpenBatch, closing: bool) -> bool {
+        closing
+            || b.msgs.len() >= self.config.batch_messages_max
+            || b.msgs.iter().map(|p| p.bytes).sum::<usize>() >= self.config.batch_bytes_max
+            || b.first_at.elapsed() >= self.config.linger
+    }
+
+    fn dispatch_ready(&mut self, closing: bool) {
+        let mut keys: Vec<(Instant, BatchKey)> = self
+            .open
+            .iter()
+            .filter(|(_, b)| self.is_ready(b, closing))
+            .map(|(k, b)| (b.first_at, k.clone()))
+            .collect();
+        keys.sort_by_key(|(t, _)| *t);
+        for (_, key) in keys {
+            if self.inflight >= self.config.inflight_batches_max {
+                return;
+            }
+            self.fail_expired(&key);
+            let queue = match &key.1 {
+                Some(q) if self.busy.contains(&(key.0.clone(), q.clone())) => continue,
+                Some(q) => q.clone(),
+                None => match self.pick_any(&key.0) {
+                    Some(q) => q,
+                    None => continue,
+                },
+            };
+            let Some(batch) = self.take_batch(&key) else {
+                continue;
+            };
+            self.busy.insert((key.0.clone(), queue.clone()));
+            self.inflight += 1;
+            let sequence = self.next_sequence;
+            self.next_sequence += 1;
+            let job = SendJob {
+                router: self.router.clone(),
+                topic: key.0.clone(),
+                queue,
+                producer_id: self.producer_id,
+                sequence,
+                msgs: batch,
+            };
+            let done_tx = self.done_tx.clone();
+            tokio::spawn(async move {
+                let done = (job.topic.clone(), job.queue.clone());
+                job.run().await;
+                let _ = done_tx.send(done);
+            });
+        }
+    }
+
+    /// Fails the messages of an open batch whose deadline passed before they could be sent.
+    fn fail_expired(&mut self, key: &BatchKey) {
+        let Some(b) = self.open.get_mut(key) else {
+            return;
+        };
+        let now = Instant::now();
+        if b.msgs.iter().all(|p| p.deadline > now) {
+            return;
+        }
+        let (expired, keep): (Vec<_>, Vec<_>) = b.msgs.drain(..).partition(|p| p.deadline <= now);
+        b.msgs = keep;
+        for p in expired {
+            let _ = p.reply.send(Err(Error::Timeout {
+                op: format!("send to {}", p.topic),
+                waited: self.config.send_timeout,
+                last: "no room in the in-flight window before the deadline".into(),
+            }));
+        }
+        if b.msgs.is_empty() {
+            self.open.remove(key);
+        }
+    }
+
+    /// A queue for an unkeyed batch: round robin over the topic's queues, skipping busy ones.
+    fn pick_any(&mut self, topic: &str) -> Option<QueueId> {
+        let route = self.routes.get(topic)?;
+        let queues = route.queues();
+        let busy = &self.busy;
+        let sel = self.selectors.entry(topic.to_string()).or_default();
+        let idx = sel.next_round_robin(queues.len(), |i| {
+            !busy.contains(&(topic.to_string(), queues[i].clone()))
+        })?;
+        Some(queues[idx].clone())
+    }
+
+    /// Takes the first messages of an open batch, up to the batch limits.
+    fn take_batch(&mut self, key: &BatchKey) -> Option<Vec<Pending>> {
+        let b = self.open.get_mut(key)?;
+        let mut n = 0;
+        let mut bytes = 0;
+        for p in &b.msgs {
+            if n > 0
+                && (n >= self.config.batch_messages_max
+                    || bytes + p.bytes > self.config.batch_bytes_max)
+            {
+                break;
+            }
+            n += 1;
+            bytes += p.bytes;
+        }
+        let batch: Vec<Pending> = b.msgs.drain(..n).collect();
+        if b.msgs.is_empty() {
+            self.open.remove(key);
+        }
+        (!batch.is_empty()).then_some(batch)
+    }
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One batch on its way: sent, retried, and its messages answered.
+struct SendJob {
+    router: Arc<Router>,
+    topic: String,
+    queue: QueueId,
+    producer_id: u64,
+    sequence: u64,
+    msgs: Vec<Pending>,
+}
+
+impl SendJob {
+    async fn run(self) {
+        let deadline = self
+            .msgs
+            .iter()
+            .map(|p| p.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        let req = v1::SendRequest {
+            topic: self.topic.clone(),
+            queue: self.queue.queue,
+            messages: self.msgs.iter().map(|p| p.message.clone()).collect(),
+            producer_id: self.producer_id,
+            sequence: self.sequence,
+        };
+        let result = self
+            .router
+            .call_leader(&self.queue.broker, "Send", deadline, |ch, t| {
+                let req = req.clone();
+                async move {
+                    BrokerServiceClient::new(ch)
+                        .max_encoding_message_size(MESSAGE_BYTES_MAX)
+                        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                        .send(request(req, t))
+                        .await
+                }
+            })
+            .await;
+        match result {
+            Ok((resp, _)) if resp.results.len() == self.msgs.len() => {
+                for (p, r) in self.msgs.into_iter().zip(resp.results) {
+                    let _ = p.reply.send(Ok(SendReceipt {
+                        topic: self.topic.clone(),
+                        broker: self.queue.broker.clone(),
+                        queue: r.queue,
+                        offset: r.offset,
+                        msg_id: r.msg_id,
+                        duplicate: resp.duplicate,
+                    }));
+                }
+            }
+            Ok((resp, address)) => {
+                let message = format!(
+                    "{address} acknowledged a batch of {} messages with {} results",
+                    self.msgs.len(),
+                    resp.results.len()
+                );
+                for p in self.msgs {
+                    let _ = p.reply.send(Err(Error::Server {
+                        address: address.clone(),
+                        rpc: "Send",
+                        code: v1::ErrorCode::Internal,
+                        message: message.clone(),
+                        leader: None,
+                    }));
+                }
+            }
+            Err(e) => {
+                if matches!(e.code(), Some(v1::ErrorCode::TopicNotFound)) || !e.is_retriable() {
+                    // The route may be stale (topic deleted or moved): fetch it again next time.
+                    self.router.invalidate_route(&self.topic);
+                }
+                for p in self.msgs {
+                    let _ = p.reply.send(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! Where to send a request for a broker group, and the retry loop that gets it there.
+//!
+//! The router keeps a view of every broker group it has heard of — nodes, the current leader — fed
+//! by nameserver routes and cluster info, by `NOT_LEADER` hints and by successful calls.
+//! [`Router::call_leader`] sends a request to a group's leader and on failure:
+//! - `NOT_LEADER` with a leader: follows the hint at once;
+//! - `NOT_LEADER` without one (election in progress), `UNAVAILABLE`, `BUSY`: backs off and tries
+//!   again, moving to another node when one keeps failing;
+//! - a transport error or timeout: marks the node suspect and asks another node of the group, which
+//!   either is the new leader or names it — so a leader kill costs about one election, not a
+//!   nameserver refresh;
+//! - any other code: returns it, as retrying will not change it.
+//!
+//! It gives up with [`Error::Timeout`] at the caller's deadline.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use raftmq_proto::v1::{self, ErrorCode};
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use crate::conn::Pool;
+use crate::error::{Error, Result, is_retriable_code};
+use crate::nameserver::{NameserverClient, TopicRoute};
+
+/// How the retry loops pace themselves.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// First pause after a retriable failure; doubles up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Longest a single attempt may take before another node is tried.
+    pub attempt_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            backoff_initial: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(200),
+            attempt_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Minimum pause between two cluster-info refreshes triggered by errors.
+const GROUP_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(250);
+
+/// A reply carrying an `Error` field.
+pub(crate) trait Reply {
+    fn error(&self) -> Option<&v1::Error>;
+}
+
+macro_rules! impl_reply {
+    ($($t:ty),* $(,)?) => {
+        $(impl Reply for $t {
+            fn error(&self) -> Option<&v1::Error> {
+                self.error.as_ref()
+            }
+        })*
+    };
+}
+
+impl_reply!(
+    v1::SendResponse,
+    v1::PullResponse,
+    v1::CommitOffsetResponse,
+    v1::FetchOffsetResponse,
+    v1::CreateTopicResponse,
+    v1::DeleteTopicResponse,
+    v1::ListTopicsResponse,
+    v1::HeartbeatResponse,
+    v1::LeaveGroupResponse,
+    v1::TransferLeaderResponse,
+    v1::AddLearnerResponse,
+    v1::ChangeVotersResponse,
+);
+
+#[derive(Debug, Default, Clone)]
+struct GroupView {
+    nodes: BTreeMap<u64, String>,
+    leader: Option<u64>,
+    /// Highest term a nameserver reported; hints do not carry one.
+    term: u64,
+}
+
+struct CachedRoute {
+    route: Arc<TopicRoute>,
+    fetched: Instant,
+}
+
+/// Routes, group views and the leader-following retry loop, shared by producer, consumer, admin.
+pub(crate) struct Router {
+    pub(crate) pool: Pool,
+    pub(crate) ns: NameserverClient,
+    pub(crate) policy: RetryPolicy,
+    groups: Mutex<HashMap<String, GroupView>>,
+    routes: Mutex<HashMap<String, CachedRoute>>,
+    last_group_refresh: tokio::sync::Mutex<Option<Instant>>,
+    rotate: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Router {
+    pub(crate) fn new(nameservers: Vec<String>, policy: RetryPolicy) -> Result<Arc<Self>> {
+        let pool = Pool::default();
+        let ns = NameserverClient::new(nameservers, pool.clone())?;
+        Ok(Arc::new(Router {
+            pool,
+            ns,
+            policy,
+            groups: Mutex::default(),
+            routes: Mutex::default(),
+            last_group_refresh: tokio::sync::Mutex::new(None),
+            rotate: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The topic's route, fetched again when the cached one is older than `max_age`.
+    pub(crate) async fn route(&self, topic: &str, max_age: Duration) -> Result<Arc<TopicRoute>> {
+        if let Some(c) = lock(&self.routes).get(topic)
+            && c.fetched.elapsed() < max_age
+        {
+            return Ok(c.route.clone());
+        }
+        let route = Arc::new(self.ns.route(topic).await?);
+        self.merge_route(&route);
+        lock(&self.routes).insert(
+            topic.to_string(),
+            CachedRoute {
+                route: route.clone(),
+                fetched: Instant::now(),
+            },
+        );
+        Ok(route)
+    }
+
+    /// Drops the cached route so the next use fetches it again.
+    pub(crate) fn invalidate_route(&self, topic: &str) {
+        lock(&self.routes).remove(topic);
+    }
+
+    /// The cached route, if any, however old.
+    pub(crate) fn cached_route(&self, topic: &str) -> Option<Arc<TopicRoute>> {
+        lock(&self.routes).get(topic).map(|c| c.route.clone())
+    }
+
+    fn merge_group(
+        &self,
+        name: &str,
+        nodes: impl Iterator<Item = (u64, String)>,
+        leader: Option<u64>,
+        term: u64,
+    ) {
+        let mut groups = lock(&self.groups);
+        let g = groups.entry(name.to_string()).or_default();
+        for (id, addr) in nodes {
+            g.nodes.insert(id, addr);
+        }
+        // A route never overrides a fresher hint of the same term.
+        if leader.is_some() && (term > g.term || g.leader.is_none()) {
+            g.leader = leader;
+        }
+        g.term = g.term.max(term);
+    }
+
+    fn merge_route(&self, route: &TopicRoute) {
+        for b in &route.brokers {
+            self.merge_group(
+                &b.name,
+                b.nodes.iter().map(|n| (n.node_id, n.address.clone())),
+                b.leader_id,
+                b.term,
+            );
+        }
+    }
+
+    pub(crate) fn merge_cluster_info(&self, clusters: &[v1::ClusterInfo]) {
+        for c in clusters {
+            for b in &c.brokers {
+                self.merge_group(
+                    &b.name,
+                    b.nodes.iter().map(|n| (n.node_id, n.address.clone())),
+                    b.leader_id,
+                    b.term,
+                );
+            }
+        }
+    }
+
+    /// Cluster info from the nameservers, merged into the group views.
+    pub(crate) async fn cluster_info(&self) -> Result<Vec<v1::ClusterInfo>> {
+        let info = self.ns.cluster_info().await?;
+        self.merge_cluster_info(&info);
+        *self.last_group_refresh.lock().await = Some(Instant::now());
+        Ok(info)
+    }
+
+    /// Refreshes group views from the nameservers, at most every few hundred milliseconds.
+    async fn refresh_groups(&self) {
+        let mut last = self.last_group_refresh.lock().await;
+        if last.is_some_and(|t| t.elapsed() < GROUP_REFRESH_INTERVAL_MIN) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        match self.ns.cluster_info().await {
+            Ok(info) => self.merge_cluster_info(&info),
+            Err(e) => tracing::debug!("cluster info refresh failed: {e}"),
+        }
+    }
+
+    /// A node named by a `NOT_LEADER` reply leads the group.
+    pub(crate) fn note_leader(&self, broker: &str, leader: &v1::NodeRef) {
+        let mut groups = lock(&self.groups);
+        let g = groups.entry(broker.to_string()).or_default();
+        g.nodes.insert(leader.node_id, leader.address.clone());
+        g.leader = Some(leader.node_id);
+    }
+
+    fn note_success(&self, broker: &str, address: &str) {
+        let mut groups = lock(&self.groups);
+        if let Some(g) = groups.get_mut(broker)
+            && let Some((&id, _)) = g.nodes.iter().find(|(_, a)| a.as_str() == address)
+        {
+            g.leader = Some(id);
+        }
+    }
+
+    fn forget_leader(&self, broker: &str, address: &str) {
+        let mut groups = lock(&self.groups);
+        if let Some(g) = groups.get_mut(broker)
+            && let Some(id) = g.leader
+            && g.nodes.get(&id).is_some_and(|a| a == address)
+        {
+            g.leader = None;
+        }
+    }
+
+    /// The group's leader as currently believed: (node id, address).
+    pub(crate) fn leader(&self, broker: &str) -> Option<(u64, String)> {
+        let groups = lock(&self.groups);
+        let g = groups.get(broker)?;
+        let id = g.leader?;
+        Some((id, g.nodes.get(&id)?.clone()))
+    }
+
+    /// Every known node of the group: (node id, address), by id.
+    pub(crate) fn nodes(&self, broker: &str) -> Vec<(u64, String)> {
+        lock(&self.groups)
+            .get(broker)
+            .map(|g| g.nodes.iter().map(|(i, a)| (*i, a.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    /// The leader unless avoided, else another node not avoided (rotating, to spread probes).
+    fn pick(&self, broker: &str, avoid: &HashSet<String>) -> Option<String> {
+        if let Some((_, addr)) = self.leader(broker)
+            && !avoid.contains(&addr)
+        {
+            return Some(addr);
+        }
+        let nodes = self.nodes(broker);
+        let start = self.rotate.fetch_add(1, Ordering::Relaxed);
+        (0..nodes.len())
+            .map(|i| &nodes[(start + i) % nodes.len()].1)
+            .find(|a| !avoid.contains(*a))
+            .cloned()
+    }
+
+    /// Sends a request to the leader of `broker`, following leader changes, until `deadline`.
+    /// `call` gets a channel to the chosen node and the time this attempt may take. Returns the
+    /// reply (whose error is absent or OK) and the address that answered.
+    pub(crate) async fn call_leader<R, F, Fut>(
+        &self,
+        broker: &str,
+        rpc: &'static str,
+        deadline: Instant,
+        mut call: F,
+    ) -> Result<(R, String)>
+    where
+        R: Reply,
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        let mut backoff = self.policy.backoff_initial;
+        let mut avoid: HashSet<String> = HashSet::new();
+        let mut next: Option<String> = None;
+        let mut hops = 0u32;
+        let mut last = String::from("no attempt");
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    op: format!("{rpc} to broker {broker}"),
+                    waited: now - started,
+                    last,
+                });
+            }
+            let addr = match next.take().or_else(|| self.pick(broker, &avoid)) {
+                Some(a) => a,
+                None => {
+                    if self.nodes(broker).is_empty() {
+                        last = format!("broker group {broker} is not known to the nameservers");
+                    }
+                    // Every node was tried: start over after a pause and a fresh view.
+                    avoid.clear();
+                    self.refresh_groups().await;
+                    self.pause(&mut backoff, deadline).await;
+                    continue;
+                }
+            };
+            let attempt = self.policy.attempt_timeout.min(deadline - now);
+            let channel = self.pool.channel(&addr)?;
+            match tokio::time::timeout(attempt, call(channel, attempt)).await {
+                Err(_) => {
+                    last = format!("{addr}: no answer within {attempt:?}");
+                    self.forget_leader(broker, &addr);
+                    avoid.insert(addr);
+                }
+                Ok(Err(status)) => {
+                    if !is_transport_status(&status) {
+                        return Err(Error::Rpc {
+                            address: addr,
+                            rpc,
+                            status: Box::new(status),
+                        });
+                    }
+                    last = format!("{addr}: {}", status.message());
+                    self.forget_leader(broker, &addr);
+                    avoid.insert(addr);
+                    // Another node may answer at once; pause only once all were tried.
+                    if self.pick(broker, &avoid).is_none() {
+                        self.pause(&mut backoff, deadline).await;
+                    }
+                }
+                Ok(Ok(resp)) => {
+                    let resp = resp.into_inner();
+                    let err = match resp.error() {
+                        Some(e) if e.code() != ErrorCode::Ok => e.clone(),
+                        _ => {
+                            self.note_success(broker, &addr);
+                            return Ok((resp, addr));
+                        }
+                    };
+                    let code = err.code();
+                    last = format!("{addr}: {err}");
+                    if !is_retriable_code(code) {
+                        return Err(Error::Server {
+                            address: addr,
+                            rpc,
+                            code,
+                            message: err.message,
+                            leader: err.leader,
+                        });
+                    }
+                    match (code, err.leader) {
+                        (ErrorCode::NotLeader, Some(leader)) if leader.address != addr => {
+                            self.note_leader(broker, &leader);
+                            hops += 1;
+                            avoid.remove(&leader.address);
+                            next = Some(leader.address);
+                            // Nodes pointing at each other during a change: slow down.
+                            if hops > 3 {
+                                self.pause(&mut backoff, deadline).await;
+                            }
+                        }
+                        (ErrorCode::NotLeader, _) => {
+                            self.forget_leader(broker, &addr);
+                            avoid.insert(addr);
+                            self.pause(&mut backoff, deadline).await;
+                        }
+                        _ => {
+                            // UNAVAILABLE (no quorum yet) or BUSY: the same node may recover.
+                            self.pause(&mut backoff, deadline).await;
+                            if code == ErrorCode::Unavailable {
+                                self.forget_leader(broker, &addr);
+                                avoid.insert(addr);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn pause(&self, backoff: &mut Duration, deadline: Instant) {
+        let jitter = rand::random_range(0.5..1.0);
+        let d = backoff.mul_f64(jitter);
+        let until = (Instant::now() + d).min(deadline);
+        tokio::time::sleep_until(until).await;
+        *backoff = (*backoff * 2).min(self.policy.backoff_max);
+    }
+}
+
+/// gRPC statuses that mean "this node did not handle the request" rather than "the request is
+/// wrong": connection refused or reset, the node shutting down, timeouts.
+pub(crate) fn is_transport_status(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::ResourceExhausted
+            | Code::Internal
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router() -> Arc<Router> {
+        Router::new(vec!["127.0.0.1:1".into()], RetryPolicy::default()).expect("router")
+    }
+
+    fn route(term: u64, leader: u64) -> TopicRoute {
+        TopicRoute::from(v1::RouteResponse {
+            error: None,
+            topic: "t".into(),
+            brokers: vec![v1::BrokerRoute {
+                name: "b".into(),
+                leader_id: Some(leader),
+                term,
+                queues: 1,
+                nodes: (1..=3)
+                    .map(|i| v1::RouteNode {
+                        node_id: i,
+                        address: format!("h:{i}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+        })
+    }
+
+    #[test]
+    fn hints_win_over_routes_of_the_same_term() {
+        let r = router();
+        r.merge_route(&route(5, 1));
+        assert_eq!(r.leader("b"), Some((1, "h:1".into())));
+        r.note_leader(
+            "b",
+            &v1::NodeRef {
+                node_id: 2,
+                address: "h:2".into(),
+            },
+        );
+        r.merge_route(&route(5, 1));
+        assert_eq!(r.leader("b"), Some((2, "h:2".into())));
+        r.merge_route(&route(6, 3));
+        assert_eq!(r.leader("b"), Some((3, "h:3".into())));
+        r.forget_leader("b", "h:3");
+        assert_eq!(r.leader("b"), None);
+        let mut avoid = HashSet::new();
+        avoid.insert("h:1".to_string());
+        avoid.insert("h:2".to_string());
+        assert_eq!(r.pick("b", &avoid), Some("h:3".into()));
+        avoid.insert("h:3".to_string());
+        assert_eq!(r.pick("b", &avoid), None);
+    }
+}

@@ -1,0 +1,469 @@
+//! Multi-process tests of a three-node broker group: real `broker-node` processes on 127.0.0.1,
+//! killed with SIGKILL, paused with SIGSTOP, restarted from their data dirs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use raftmq_proto::v1::*;
+use raftmq_tests::*;
+
+const TOPIC: &str = "orders";
+const QUEUES: u32 = 4;
+
+async fn create_topic(c: &Cluster) {
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(CreateTopicRequest {
+            name: TOPIC.into(),
+            queues: QUEUES,
+            update: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+}
+
+fn addrs(c: &Cluster) -> Vec<String> {
+    c.nodes.values().map(|n| n.addr.clone()).collect()
+}
+
+/// Every acknowledged (queue, offset, body) is on every node, and no body is stored twice.
+async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
+    for id in c.nodes.keys() {
+        let addr = &c.nodes[id].addr;
+        let mut bodies = BTreeSet::new();
+        let mut held = BTreeMap::new();
+        for q in 0..QUEUES {
+            for (off, body) in read_queue(addr, TOPIC, q).await.unwrap() {
+                assert!(
+                    bodies.insert(body.clone()),
+                    "node {id}: body {:?} stored twice",
+                    String::from_utf8_lossy(&body)
+                );
+                held.insert((q, off), body);
+            }
+        }
+        for (k, body) in acked {
+            assert_eq!(
+                held.get(k),
+                Some(body),
+                "node {id}: acknowledged message at {k:?} missing or different"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    // A consumer group commits an offset before the failover.
+    let r = c
+        .client(leader)
+        .await
+        .commit_offset(CommitOffsetRequest {
+            group: "g1".into(),
+            topic: TOPIC.into(),
+            queue: 2,
+            offset: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok);
+
+    let mut p = TestProducer::new(42, addrs(&c));
+    let mut acked = BTreeMap::new();
+    let mut outage = Duration::ZERO;
+    let mut killed_at = None;
+    for i in 0..120u32 {
+        if i == 60 {
+            c.kill(leader);
+            killed_at = Some(Instant::now());
+        }
+        let q = i % QUEUES;
+        let bodies: Vec<Vec<u8>> = (0..5)
+            .map(|j| format!("p42-{i}-{j}").into_bytes())
+            .collect();
+        match p
+            .send(TOPIC, q, bodies.clone(), Duration::from_secs(15))
+            .await
+        {
+            SendOutcome::Acked(r) => {
+                if let Some(t) = killed_at.take() {
+                    outage = t.elapsed();
+                }
+                for (res, body) in r.results.iter().zip(bodies) {
+                    assert_eq!(res.queue, q);
+                    acked.insert((q, res.offset), body);
+                }
+            }
+            SendOutcome::Failed(e) => panic!("send {i} failed: {e}"),
+        }
+    }
+    eprintln!("producer outage after leader SIGKILL: {outage:?}");
+    let new_leader = c.leader().await;
+    assert_ne!(new_leader, leader);
+    let r = c
+        .client(new_leader)
+        .await
+        .fetch_offset(FetchOffsetRequest {
+            group: "g1".into(),
+            topic: TOPIC.into(),
+            queue: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.found, "consumer-group offset survived the failover");
+
+    // The old leader restarts from its data dir, rejoins as follower and converges.
+    c.spawn(leader);
+    let target = c.status(new_leader).await.unwrap().committed;
+    wait_for(
+        "the old leader catches up as follower",
+        Duration::from_secs(20),
+        || async {
+            let st = c.status(leader).await?;
+            (st.role == "follower" && st.applied >= target).then_some(())
+        },
+    )
+    .await;
+    check_everywhere(&c, &acked).await;
+    assert_eq!(acked.len(), 600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t22_follower_sigkill_sends_and_pulls_go_on_and_it_catches_up() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    let follower = *c.nodes.keys().find(|id| **id != leader).unwrap();
+    c.kill(follower);
+    let mut p = TestProducer::new(7, vec![c.nodes[&leader].addr.clone()]);
+    let mut acked = BTreeMap::new();
+    for i in 0..40u32 {
+        let body = format!("f-{i}").into_bytes();
+        match p
+            .send(
+                TOPIC,
+                i % QUEUES,
+                vec![body.clone()],
+                Duration::from_secs(10),
+            )
+            .await
+        {
+            SendOutcome::Acked(r) => {
+                acked.insert((i % QUEUES, r.results[0].offset), body);
+            }
+            SendOutcome::Failed(e) => panic!("send with one follower down failed: {e}"),
+        }
+    }
+    let got = read_queue(&c.nodes[&leader].addr, TOPIC, 0).await.unwrap();
+    assert_eq!(got.len(), 10, "pulls go on with a follower down");
+    c.spawn(follower);
+    let target = c.status(leader).await.unwrap().committed;
+    wait_for(
+        "the follower catches up",
+        Duration::from_secs(20),
+        || async {
+            let st = c.status(follower).await?;
+            (st.applied >= target).then_some(())
+        },
+    )
+    .await;
+    check_everywhere(&c, &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
+    let c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    let mut cl = c.client(leader).await;
+    let send = |topic: &str, queue: u32, messages: Vec<Message>| SendRequest {
+        topic: topic.into(),
+        queue,
+        messages,
+        ..Default::default()
+    };
+    let ok = cl
+        .send(send(
+            TOPIC,
+            0,
+            vec![Message {
+                body: b"keep me".to_vec(),
+                ..Default::default()
+            }],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&ok.error), ErrorCode::Ok);
+
+    let cases: Vec<(SendRequest, ErrorCode)> = vec![
+        (
+            send("bad topic!", 0, vec![Message::default()]),
+            ErrorCode::InvalidArgument,
+        ),
+        (
+            send("nope", 0, vec![Message::default()]),
+            ErrorCode::TopicNotFound,
+        ),
+        (
+            send(TOPIC, 99, vec![Message::default()]),
+            ErrorCode::InvalidArgument,
+        ),
+        (send(TOPIC, 0, vec![]), ErrorCode::InvalidArgument),
+        (
+            send(
+                TOPIC,
+                0,
+                vec![Message {
+                    body: vec![0; (4 << 20) + 1],
+                    ..Default::default()
+                }],
+            ),
+            ErrorCode::MessageTooLarge,
+        ),
+        (
+            send(TOPIC, 0, vec![Message::default(); 1001]),
+            ErrorCode::MessageTooLarge,
+        ),
+        (
+            send(
+                TOPIC,
+                0,
+                vec![
+                    Message {
+                        body: vec![0; 1 << 20],
+                        ..Default::default()
+                    };
+                    5
+                ],
+            ),
+            ErrorCode::MessageTooLarge,
+        ),
+    ];
+    for (req, want) in cases {
+        let r = cl.send(req).await.unwrap().into_inner();
+        assert_eq!(code(&r.error), want, "{:?}", r.error);
+        assert!(!r.error.as_ref().unwrap().message.is_empty());
+    }
+    let r = cl
+        .pull(PullRequest {
+            topic: TOPIC.into(),
+            queue: 0,
+            offset: 50,
+            max_messages: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::OffsetOutOfRange);
+    let r = cl
+        .create_topic(CreateTopicRequest {
+            name: "x".into(),
+            queues: 5000,
+            update: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::InvalidArgument);
+    let follower = *c.nodes.keys().find(|id| **id != leader).unwrap();
+    let r = c
+        .client(follower)
+        .await
+        .send(send(TOPIC, 0, vec![Message::default()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::NotLeader);
+    assert_eq!(r.error.unwrap().leader.unwrap().node_id, leader);
+
+    // Garbage bytes on the port: the node keeps serving.
+    for junk in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        &[0xffu8; 4096][..],
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x04garbage",
+    ] {
+        if let Ok(mut s) = std::net::TcpStream::connect(&c.nodes[&leader].addr) {
+            let _ = s.write_all(junk);
+        }
+    }
+    let got = read_queue(&c.nodes[&leader].addr, TOPIC, 0).await.unwrap();
+    assert_eq!(got, vec![(0, b"keep me".to_vec())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    let mut p = TestProducer::new(9, addrs(&c));
+    let mut acked = BTreeMap::new();
+    for i in 0..30u32 {
+        let bodies: Vec<Vec<u8>> = (0..3).map(|j| format!("r-{i}-{j}").into_bytes()).collect();
+        let SendOutcome::Acked(r) = p
+            .send(TOPIC, i % QUEUES, bodies.clone(), Duration::from_secs(10))
+            .await
+        else {
+            panic!("send failed")
+        };
+        for (res, b) in r.results.iter().zip(bodies) {
+            acked.insert((i % QUEUES, res.offset), b);
+        }
+    }
+    let r = c
+        .client(leader)
+        .await
+        .commit_offset(CommitOffsetRequest {
+            group: "g".into(),
+            topic: TOPIC.into(),
+            queue: 1,
+            offset: 17,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok);
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    for id in 1..=3 {
+        c.spawn(id);
+    }
+    let leader = c.leader().await;
+    let applied_all = c.status(leader).await.unwrap().committed;
+    for id in 1..=3u64 {
+        wait_for(
+            "every node re-applies its log",
+            Duration::from_secs(20),
+            || async { (c.status(id).await?.applied >= applied_all).then_some(()) },
+        )
+        .await;
+    }
+    check_everywhere(&c, &acked).await;
+    for id in 1..=3u64 {
+        let r = c
+            .client(id)
+            .await
+            .fetch_offset(FetchOffsetRequest {
+                group: "g".into(),
+                topic: TOPIC.into(),
+                queue: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((r.found, r.offset), (true, 17), "node {id}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
+    // A threshold of 1 msg/s makes the leader count as loaded as soon as anything is produced.
+    let mut c = Cluster::start(3, &["--leader-busy-msgs-per-sec", "1"]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    let mut p = TestProducer::new(5, vec![c.nodes[&leader].addr.clone()]);
+    let pull = |consumer: &str| PullRequest {
+        topic: TOPIC.into(),
+        queue: 0,
+        offset: 0,
+        max_messages: 10,
+        consumer_id: consumer.into(),
+        ..Default::default()
+    };
+    // Keep the leader loaded until a pull from it is redirected.
+    let followers: BTreeSet<u64> = c.nodes.keys().copied().filter(|id| *id != leader).collect();
+    let mut suggested = BTreeSet::new();
+    let t = Instant::now();
+    while suggested.len() < 2 && t.elapsed() < Duration::from_secs(20) {
+        let SendOutcome::Acked(_) = p
+            .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))
+            .await
+        else {
+            panic!()
+        };
+        for i in 0..8 {
+            let r = c
+                .client(leader)
+                .await
+                .pull(pull(&format!("c{i}")))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(r.served_by.as_ref().unwrap().node_id, leader);
+            let s = r.suggested.unwrap().node_id;
+            if s != leader {
+                suggested.insert(s);
+            }
+        }
+    }
+    assert_eq!(
+        suggested, followers,
+        "a loaded leader spreads consumers over both caught-up followers"
+    );
+
+    // A paused follower is never suggested once it has been silent for an election timeout.
+    let paused = *followers.iter().next().unwrap();
+    c.pause(paused);
+    tokio::time::sleep(Duration::from_millis(800)).await; // past the 700 ms election timeout: the condition under test
+    for round in 0..5 {
+        let SendOutcome::Acked(_) = p
+            .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))
+            .await
+        else {
+            panic!()
+        };
+        for i in 0..8 {
+            let r = c
+                .client(leader)
+                .await
+                .pull(pull(&format!("c{round}-{i}")))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_ne!(
+                r.suggested.unwrap().node_id,
+                paused,
+                "paused follower suggested"
+            );
+        }
+    }
+    c.resume(paused);
+
+    // A follower that lost its leader sends consumers back to... no leader; one with a leader that is
+    // cut off (the leader paused) suggests the leader only while it still believes in it. Here: a
+    // follower serving a consumer at its end with nothing pending suggests itself.
+    let other = *followers.iter().nth(1).unwrap();
+    let end = c
+        .status(other)
+        .await
+        .unwrap()
+        .queues
+        .iter()
+        .find(|q| q.topic == TOPIC && q.queue == 0)
+        .unwrap()
+        .max_offset;
+    let r = c
+        .client(other)
+        .await
+        .pull(PullRequest {
+            offset: end,
+            ..pull("tail")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.served_by.unwrap().node_id, other);
+    assert_eq!(r.suggested.unwrap().node_id, other, "{}", r.suggest_reason);
+}

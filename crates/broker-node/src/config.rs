@@ -54,7 +54,11 @@ pub struct ReadHintConfig {
 
 impl Default for ReadHintConfig {
     fn default() -> Self {
-        ReadHintConfig { leader_busy_msgs_per_sec: 20_000.0, cold_read_lag: 100_000, follower_lag_redirect: 1_000 }
+        ReadHintConfig {
+            leader_busy_msgs_per_sec: 20_000.0,
+            cold_read_lag: 100_000,
+            follower_lag_redirect: 1_000,
+        }
     }
 }
 
@@ -113,37 +117,68 @@ pub enum ConfigError {
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { key: key.into(), reason: reason.into() }
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
 }
 
 /// Topic, group, cluster and broker names: `^[A-Za-z0-9_%|-]{1,127}$`.
 pub fn check_name(kind: &str, name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 127 {
-        return Err(format!("{kind} name must be 1 to 127 characters, got {}", name.len()));
+        return Err(format!(
+            "{kind} name must be 1 to 127 characters, got {}",
+            name.len()
+        ));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '%' | '|' | '-'))) {
-        return Err(format!("{kind} name {name:?} has the character {c:?}; allowed are A-Z a-z 0-9 _ % | -"));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '%' | '|' | '-')))
+    {
+        return Err(format!(
+            "{kind} name {name:?} has the character {c:?}; allowed are A-Z a-z 0-9 _ % | -"
+        ));
     }
     Ok(())
 }
 
 impl Config {
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })
     }
 
     /// Parses `--peers`: `1=host:port,2=host:port`.
     pub fn peer_map(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
         let mut m = BTreeMap::new();
-        for part in self.peers.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (id, addr) = part.split_once('=').ok_or_else(|| invalid("peers", format!("{part:?} is not id=host:port")))?;
-            let id: u64 = id.trim().parse().map_err(|_| invalid("peers", format!("{id:?} is not a node id")))?;
+        for part in self
+            .peers
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let (id, addr) = part
+                .split_once('=')
+                .ok_or_else(|| invalid("peers", format!("{part:?} is not id=host:port")))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| invalid("peers", format!("{id:?} is not a node id")))?;
             let addr = addr.trim();
             if id == 0 {
                 return Err(invalid("peers", "node ids start at 1"));
             }
-            if addr.rsplit_once(':').and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten()).is_none() {
+            if addr
+                .rsplit_once(':')
+                .and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten())
+                .is_none()
+            {
                 return Err(invalid("peers", format!("{addr:?} is not host:port")));
             }
             if m.insert(id, addr.to_string()).is_some() {
@@ -154,7 +189,12 @@ impl Config {
     }
 
     pub fn nameserver_list(&self) -> Vec<String> {
-        self.nameservers.split(';').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+        self.nameservers
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
     }
 
     /// The address peers and clients reach this node at.
@@ -174,11 +214,17 @@ impl Config {
         check_name("cluster", &self.cluster).map_err(|r| invalid("cluster", r))?;
         check_name("broker", &self.broker).map_err(|r| invalid("broker", r))?;
         if self.node_id == 0 {
-            return Err(invalid("node_id", "must be set to a number of 1 or more (--node-id)"));
+            return Err(invalid(
+                "node_id",
+                "must be set to a number of 1 or more (--node-id)",
+            ));
         }
         let peers = self.peer_map()?;
         if !peers.is_empty() && !peers.contains_key(&self.node_id) {
-            return Err(invalid("peers", format!("must include this node ({})", self.node_id)));
+            return Err(invalid(
+                "peers",
+                format!("must include this node ({})", self.node_id),
+            ));
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must be set"));
@@ -195,7 +241,10 @@ impl Config {
             return Err(invalid("limits.batch_messages_max", "must be at least 1"));
         }
         if l.batch_bytes_max < l.body_bytes_max {
-            return Err(invalid("limits.batch_bytes_max", "must be at least limits.body_bytes_max"));
+            return Err(invalid(
+                "limits.batch_bytes_max",
+                "must be at least limits.body_bytes_max",
+            ));
         }
         if l.queues_per_topic_max == 0 {
             return Err(invalid("limits.queues_per_topic_max", "must be at least 1"));
@@ -203,8 +252,11 @@ impl Config {
         if l.inflight_sends_max == 0 {
             return Err(invalid("limits.inflight_sends_max", "must be at least 1"));
         }
-        if !(self.read_hint.leader_busy_msgs_per_sec >= 0.0) {
-            return Err(invalid("read_hint.leader_busy_msgs_per_sec", "must be 0 or more"));
+        if self.read_hint.leader_busy_msgs_per_sec.is_nan() || self.read_hint.leader_busy_msgs_per_sec < 0.0 {
+            return Err(invalid(
+                "read_hint.leader_busy_msgs_per_sec",
+                "must be 0 or more",
+            ));
         }
         Ok(())
     }
@@ -287,7 +339,12 @@ impl Args {
             c.raft.flush_mode = match v.as_str() {
                 "fsync" => raftmq_raft_log::FlushMode::Fsync,
                 "unsafe-no-fsync" => raftmq_raft_log::FlushMode::UnsafeNoFsync,
-                other => return Err(invalid("raft.flush_mode", format!("{other:?} is not fsync or unsafe-no-fsync"))),
+                other => {
+                    return Err(invalid(
+                        "raft.flush_mode",
+                        format!("{other:?} is not fsync or unsafe-no-fsync"),
+                    ));
+                }
             };
         }
         c.log_json |= self.log_json;
@@ -310,20 +367,35 @@ mod tests {
 
     #[test]
     fn bad_config_names_the_key() {
-        let mut c = Config { node_id: 1, peers: "1=a:1,2=b:2".into(), ..Config::default() };
+        let mut c = Config {
+            node_id: 1,
+            peers: "1=a:1,2=b:2".into(),
+            ..Config::default()
+        };
         assert!(c.validate().is_ok());
         c.peers = "1=a:1,x=b:2".into();
         assert!(c.validate().unwrap_err().to_string().contains("`peers`"));
         c.peers = "2=b:2".into();
-        assert!(c.validate().unwrap_err().to_string().contains("must include this node"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("must include this node")
+        );
         c.peers = String::new();
         c.raft.election_timeout_ms_max = 10;
-        assert!(c.validate().unwrap_err().to_string().contains("raft.election_timeout_ms_max"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("raft.election_timeout_ms_max")
+        );
     }
 
     #[test]
     fn the_documented_template_parses_to_the_defaults() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config/broker-node.toml");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/config/broker-node.toml");
         let c = Config::from_file(&path).unwrap();
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.limits, Limits::default());

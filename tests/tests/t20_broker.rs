@@ -467,3 +467,42 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     assert_eq!(r.served_by.unwrap().node_id, other);
     assert_eq!(r.suggested.unwrap().node_id, other, "{}", r.suggest_reason);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t26_wiped_follower_rejoins_and_holds_every_message() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    let mut p = TestProducer::new(11, addrs(&c));
+    let mut acked = BTreeMap::new();
+    for i in 0..40u32 {
+        let body = format!("w-{i}").into_bytes();
+        let SendOutcome::Acked(r) = p
+            .send(
+                TOPIC,
+                i % QUEUES,
+                vec![body.clone()],
+                Duration::from_secs(10),
+            )
+            .await
+        else {
+            panic!("send failed")
+        };
+        acked.insert((i % QUEUES, r.results[0].offset), body);
+    }
+    let follower = *c.nodes.keys().find(|id| **id != leader).unwrap();
+    c.kill(follower);
+    std::fs::remove_dir_all(c.data_dir(follower)).unwrap();
+    c.spawn(follower);
+    let target = c.status(leader).await.unwrap().committed;
+    wait_for(
+        "the wiped follower catches up",
+        Duration::from_secs(20),
+        || async {
+            let st = c.status(follower).await?;
+            (st.role == "follower" && st.applied >= target).then_some(())
+        },
+    )
+    .await;
+    check_everywhere(&c, &acked).await;
+}

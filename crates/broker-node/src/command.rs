@@ -14,8 +14,14 @@ pub struct StoredBody {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    CreateTopic { name: String, queues: u32, update: bool },
-    DeleteTopic { name: String },
+    CreateTopic {
+        name: String,
+        queues: u32,
+        update: bool,
+    },
+    DeleteTopic {
+        name: String,
+    },
     Send {
         topic: String,
         queue: u32,
@@ -25,15 +31,28 @@ pub enum Command {
         timestamp_ms: u64,
         messages: Vec<StoredBody>,
     },
-    CommitOffset { group: String, topic: String, queue: u32, offset: u64 },
+    CommitOffset {
+        group: String,
+        topic: String,
+        queue: u32,
+        offset: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
-    Sent { queue: u32, first_offset: u64, count: u32, log_index: u64, duplicate: bool },
+    Sent {
+        queue: u32,
+        first_offset: u64,
+        count: u32,
+        log_index: u64,
+        duplicate: bool,
+    },
     TopicNotFound(String),
-    TopicExists { queues: u32 },
+    TopicExists {
+        queues: u32,
+    },
     Invalid(String),
 }
 

@@ -252,7 +252,9 @@ impl Config {
         if l.inflight_sends_max == 0 {
             return Err(invalid("limits.inflight_sends_max", "must be at least 1"));
         }
-        if self.read_hint.leader_busy_msgs_per_sec.is_nan() || self.read_hint.leader_busy_msgs_per_sec < 0.0 {
+        if self.read_hint.leader_busy_msgs_per_sec.is_nan()
+            || self.read_hint.leader_busy_msgs_per_sec < 0.0
+        {
             return Err(invalid(
                 "read_hint.leader_busy_msgs_per_sec",
                 "must be 0 or more",

@@ -47,10 +47,23 @@ pub struct PullPosition<'a> {
     pub needed_index: u64,
 }
 
-pub fn decide(me: (u64, &str), view: &NodeView, pos: &PullPosition<'_>, cfg: &ReadHintConfig, election_timeout_ms: u64) -> Hint {
-    let stay = |reason| Hint { node_id: me.0, address: me.1.to_string(), reason };
+pub fn decide(
+    me: (u64, &str),
+    view: &NodeView,
+    pos: &PullPosition<'_>,
+    cfg: &ReadHintConfig,
+    election_timeout_ms: u64,
+) -> Hint {
+    let stay = |reason| Hint {
+        node_id: me.0,
+        address: me.1.to_string(),
+        reason,
+    };
     match view {
-        NodeView::Leader { followers, produce_msgs_per_sec } => {
+        NodeView::Leader {
+            followers,
+            produce_msgs_per_sec,
+        } => {
             let busy = *produce_msgs_per_sec > cfg.leader_busy_msgs_per_sec;
             let cold = pos.max_offset.saturating_sub(pos.next_offset) > cfg.cold_read_lag;
             if !busy && !cold {
@@ -58,7 +71,10 @@ pub fn decide(me: (u64, &str), view: &NodeView, pos: &PullPosition<'_>, cfg: &Re
             }
             let mut ok: Vec<&FollowerView> = followers
                 .iter()
-                .filter(|f| f.last_ack_ms.is_some_and(|ms| ms < election_timeout_ms) && f.matched >= pos.needed_index)
+                .filter(|f| {
+                    f.last_ack_ms.is_some_and(|ms| ms < election_timeout_ms)
+                        && f.matched >= pos.needed_index
+                })
                 .collect();
             if ok.is_empty() {
                 return stay("no follower is reachable and caught up");
@@ -69,12 +85,26 @@ pub fn decide(me: (u64, &str), view: &NodeView, pos: &PullPosition<'_>, cfg: &Re
             Hint {
                 node_id: pick.node_id,
                 address: pick.address.clone(),
-                reason: if busy { "leader is loaded" } else { "cold read far behind the tail" },
+                reason: if busy {
+                    "leader is loaded"
+                } else {
+                    "cold read far behind the tail"
+                },
             }
         }
-        NodeView::Follower { leader, millis_since_leader_contact, apply_backlog } => {
-            let Some((lid, laddr)) = leader else { return stay("no leader known") };
-            let to_leader = |reason| Hint { node_id: *lid, address: laddr.clone(), reason };
+        NodeView::Follower {
+            leader,
+            millis_since_leader_contact,
+            apply_backlog,
+        } => {
+            let Some((lid, laddr)) = leader else {
+                return stay("no leader known");
+            };
+            let to_leader = |reason| Hint {
+                node_id: *lid,
+                address: laddr.clone(),
+                reason,
+            };
             if millis_since_leader_contact.is_none_or(|ms| ms > election_timeout_ms) {
                 return to_leader("follower lost contact with the leader");
             }
@@ -101,37 +131,74 @@ mod tests {
     use super::*;
 
     fn f(id: u64, ack: Option<u64>, matched: u64) -> FollowerView {
-        FollowerView { node_id: id, address: format!("n{id}:1"), last_ack_ms: ack, matched }
+        FollowerView {
+            node_id: id,
+            address: format!("n{id}:1"),
+            last_ack_ms: ack,
+            matched,
+        }
     }
     fn pos(next: u64, max: u64, needed: u64) -> PullPosition<'static> {
-        PullPosition { consumer_id: "c1", queue: 0, next_offset: next, max_offset: max, needed_index: needed }
+        PullPosition {
+            consumer_id: "c1",
+            queue: 0,
+            next_offset: next,
+            max_offset: max,
+            needed_index: needed,
+        }
     }
-    const CFG: ReadHintConfig =
-        ReadHintConfig { leader_busy_msgs_per_sec: 1000.0, cold_read_lag: 100, follower_lag_redirect: 50 };
+    const CFG: ReadHintConfig = ReadHintConfig {
+        leader_busy_msgs_per_sec: 1000.0,
+        cold_read_lag: 100,
+        follower_lag_redirect: 50,
+    };
 
     #[test]
     fn idle_leader_keeps_its_consumers() {
-        let v = NodeView::Leader { followers: vec![f(2, Some(10), 100)], produce_msgs_per_sec: 10.0 };
-        assert_eq!(decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id, 1);
+        let v = NodeView::Leader {
+            followers: vec![f(2, Some(10), 100)],
+            produce_msgs_per_sec: 10.0,
+        };
+        assert_eq!(
+            decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id,
+            1
+        );
     }
 
     #[test]
     fn loaded_leader_sends_to_a_caught_up_reachable_follower_only() {
         let v = NodeView::Leader {
-            followers: vec![f(2, Some(10), 40), f(3, Some(900), 100), f(4, None, 100), f(5, Some(20), 100)],
+            followers: vec![
+                f(2, Some(10), 40),
+                f(3, Some(900), 100),
+                f(4, None, 100),
+                f(5, Some(20), 100),
+            ],
             produce_msgs_per_sec: 5000.0,
         };
         // 2 lags (40 < 50), 3 is silent past the election timeout, 4 never answered: only 5 fits.
-        assert_eq!(decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id, 5);
+        assert_eq!(
+            decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id,
+            5
+        );
     }
 
     #[test]
     fn cold_reads_go_to_followers_and_consumers_spread_stably() {
-        let v = NodeView::Leader { followers: vec![f(2, Some(1), 100), f(3, Some(1), 100)], produce_msgs_per_sec: 0.0 };
+        let v = NodeView::Leader {
+            followers: vec![f(2, Some(1), 100), f(3, Some(1), 100)],
+            produce_msgs_per_sec: 0.0,
+        };
         let mut seen = std::collections::BTreeSet::new();
         for i in 0..20 {
             let id = format!("c{i}");
-            let p = PullPosition { consumer_id: &id, queue: 0, next_offset: 0, max_offset: 1000, needed_index: 10 };
+            let p = PullPosition {
+                consumer_id: &id,
+                queue: 0,
+                next_offset: 0,
+                max_offset: 1000,
+                needed_index: 10,
+            };
             let a = decide((1, "n1:1"), &v, &p, &CFG, 500);
             assert_eq!(a, decide((1, "n1:1"), &v, &p, &CFG, 500));
             seen.insert(a.node_id);
@@ -141,13 +208,37 @@ mod tests {
 
     #[test]
     fn follower_sends_back_to_leader_when_it_lags_or_lost_contact() {
-        let lagging = NodeView::Follower { leader: Some((1, "n1:1".into())), millis_since_leader_contact: Some(10), apply_backlog: 500 };
-        assert_eq!(decide((2, "n2:1"), &lagging, &pos(10, 10, 0), &CFG, 500).node_id, 1);
+        let lagging = NodeView::Follower {
+            leader: Some((1, "n1:1".into())),
+            millis_since_leader_contact: Some(10),
+            apply_backlog: 500,
+        };
+        assert_eq!(
+            decide((2, "n2:1"), &lagging, &pos(10, 10, 0), &CFG, 500).node_id,
+            1
+        );
         // Not yet at its end: it still serves what it has.
-        assert_eq!(decide((2, "n2:1"), &lagging, &pos(5, 10, 0), &CFG, 500).node_id, 2);
-        let cut_off = NodeView::Follower { leader: Some((1, "n1:1".into())), millis_since_leader_contact: Some(5000), apply_backlog: 0 };
-        assert_eq!(decide((2, "n2:1"), &cut_off, &pos(5, 10, 0), &CFG, 500).node_id, 1);
-        let fine = NodeView::Follower { leader: Some((1, "n1:1".into())), millis_since_leader_contact: Some(50), apply_backlog: 0 };
-        assert_eq!(decide((2, "n2:1"), &fine, &pos(10, 10, 0), &CFG, 500).node_id, 2);
+        assert_eq!(
+            decide((2, "n2:1"), &lagging, &pos(5, 10, 0), &CFG, 500).node_id,
+            2
+        );
+        let cut_off = NodeView::Follower {
+            leader: Some((1, "n1:1".into())),
+            millis_since_leader_contact: Some(5000),
+            apply_backlog: 0,
+        };
+        assert_eq!(
+            decide((2, "n2:1"), &cut_off, &pos(5, 10, 0), &CFG, 500).node_id,
+            1
+        );
+        let fine = NodeView::Follower {
+            leader: Some((1, "n1:1".into())),
+            millis_since_leader_contact: Some(50),
+            apply_backlog: 0,
+        };
+        assert_eq!(
+            decide((2, "n2:1"), &fine, &pos(10, 10, 0), &CFG, 500).node_id,
+            2
+        );
     }
 }

@@ -35,9 +35,14 @@ use tonic::service::Routes;
 pub use config::{Args, Config};
 
 /// Starts the node and serves until `shutdown` completes.
-pub async fn serve(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    cfg: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     cfg.validate()?;
-    let listener = TcpListener::bind(cfg.listen).await.with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let local = listener.local_addr()?;
     let address = match &cfg.advertise {
         Some(a) => a.clone(),
@@ -51,28 +56,45 @@ pub async fn serve(cfg: Config, shutdown: impl Future<Output = ()> + Send + 'sta
         data_dir: cfg.data_dir.clone(),
         raft: cfg.raft.clone(),
     };
-    let member = Member::start(member_cfg, state::BrokerState::default()).await.context("cannot start the Raft member")?;
+    let member = Member::start(member_cfg, state::BrokerState::default())
+        .await
+        .context("cannot start the Raft member")?;
     let peer_service = member.peer_service();
     let node = node::Node::new(cfg, address, member);
     metrics::spawn_sampler(&node);
     register::spawn(node.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<BrokerServiceServer<service::Broker>>().await;
+    health_reporter
+        .set_serving::<BrokerServiceServer<service::Broker>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(raftmq_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let broker = service::Broker { node: node.clone() };
     let router = Routes::new(
-        BrokerServiceServer::new(broker.clone()).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20),
+        BrokerServiceServer::new(broker.clone())
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20),
     )
     .add_service(AdminServiceServer::new(broker))
     .add_service(peer_service)
     .add_service(health_service)
     .add_service(reflection)
     .into_axum_router()
-    .route("/metrics", get(|| async { ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::render()) }));
+    .route(
+        "/metrics",
+        get(|| async {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4",
+                )],
+                metrics::render(),
+            )
+        }),
+    );
     tracing::info!(node_id = node.cfg.node_id, broker = %node.cfg.broker, advertise = %node.address, "listening on {local}");
     println!("listening on {local}");
     tonic::transport::Server::builder()
@@ -97,21 +119,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json { b.json().try_init() } else { b.try_init() };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if json {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
 }
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -4,7 +4,9 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+};
 use raftmq_raft_log::Role;
 
 use crate::node::Node;
@@ -28,19 +30,44 @@ fn build() -> Option<M> {
     let r = prometheus::default_registry();
     let reg = |c: Box<dyn prometheus::core::Collector>| r.register(c).ok();
     let m = M {
-        role: IntGaugeVec::new(Opts::new("raftmq_node_role", "1 for this node's current Raft role"), &["role"]).ok()?,
+        role: IntGaugeVec::new(
+            Opts::new("raftmq_node_role", "1 for this node's current Raft role"),
+            &["role"],
+        )
+        .ok()?,
         term: IntGauge::new("raftmq_raft_term", "current Raft term").ok()?,
         last_log: IntGauge::new("raftmq_raft_last_log_index", "last log index").ok()?,
         committed: IntGauge::new("raftmq_raft_committed_index", "committed index").ok()?,
         applied: IntGauge::new("raftmq_raft_applied_index", "applied index").ok()?,
-        follower_lag: IntGaugeVec::new(Opts::new("raftmq_raft_follower_lag", "entries a follower lacks (leader only)"), &["node_id"]).ok()?,
-        elections: IntCounter::new("raftmq_raft_elections_total", "terms seen start (elections)").ok()?,
-        leader_changes: IntCounter::new("raftmq_raft_leader_changes_total", "changes of the known leader").ok()?,
-        produced: IntCounter::new("raftmq_produced_messages_total", "messages acknowledged").ok()?,
-        pulled: IntCounterVec::new(Opts::new("raftmq_pulled_messages_total", "messages served by pulls"), &["redirected"]).ok()?,
+        follower_lag: IntGaugeVec::new(
+            Opts::new(
+                "raftmq_raft_follower_lag",
+                "entries a follower lacks (leader only)",
+            ),
+            &["node_id"],
+        )
+        .ok()?,
+        elections: IntCounter::new(
+            "raftmq_raft_elections_total",
+            "terms seen start (elections)",
+        )
+        .ok()?,
+        leader_changes: IntCounter::new(
+            "raftmq_raft_leader_changes_total",
+            "changes of the known leader",
+        )
+        .ok()?,
+        produced: IntCounter::new("raftmq_produced_messages_total", "messages acknowledged")
+            .ok()?,
+        pulled: IntCounterVec::new(
+            Opts::new("raftmq_pulled_messages_total", "messages served by pulls"),
+            &["redirected"],
+        )
+        .ok()?,
         send_seconds: Histogram::with_opts(
-            HistogramOpts::new("raftmq_send_seconds", "send latency until commit")
-                .buckets(vec![0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0]),
+            HistogramOpts::new("raftmq_send_seconds", "send latency until commit").buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+            ]),
         )
         .ok()?,
         disk_bytes: IntGauge::new("raftmq_log_disk_bytes", "bytes of log segments on disk").ok()?,
@@ -71,7 +98,9 @@ pub fn observe_send(d: Duration, n: u64) {
 
 pub fn observe_pull(n: u64, redirected: bool) {
     if let Some(m) = METRICS.as_ref() {
-        m.pulled.with_label_values(&[if redirected { "true" } else { "false" }]).inc_by(n);
+        m.pulled
+            .with_label_values(&[if redirected { "true" } else { "false" }])
+            .inc_by(n);
     }
 }
 
@@ -85,11 +114,20 @@ pub fn spawn_sampler(node: &Arc<Node>) {
             let Some(n) = weak.upgrade() else { break };
             let st = n.member.status();
             if let Some(m) = METRICS.as_ref() {
-                for r in [Role::Leader, Role::Follower, Role::Candidate, Role::Learner, Role::Shutdown] {
-                    m.role.with_label_values(&[r.as_str()]).set((st.role == r) as i64);
+                for r in [
+                    Role::Leader,
+                    Role::Follower,
+                    Role::Candidate,
+                    Role::Learner,
+                    Role::Shutdown,
+                ] {
+                    m.role
+                        .with_label_values(&[r.as_str()])
+                        .set((st.role == r) as i64);
                 }
                 if st.term > term {
-                    m.elections.inc_by(if term == 0 { 0 } else { st.term - term });
+                    m.elections
+                        .inc_by(if term == 0 { 0 } else { st.term - term });
                 }
                 if st.leader != leader && leader.is_some() {
                     m.leader_changes.inc();
@@ -100,7 +138,9 @@ pub fn spawn_sampler(node: &Arc<Node>) {
                 m.applied.set(st.applied as i64);
                 m.follower_lag.reset();
                 for p in &st.peers {
-                    m.follower_lag.with_label_values(&[&p.node_id.to_string()]).set(p.lag as i64);
+                    m.follower_lag
+                        .with_label_values(&[&p.node_id.to_string()])
+                        .set(p.lag as i64);
                 }
                 m.disk_bytes.set(n.member.disk_bytes() as i64);
             }

@@ -36,7 +36,8 @@ impl Rate {
         let t = self.total();
         let r = (t - *last) as f64 / dt.as_secs_f64().max(1e-3);
         *last = t;
-        self.per_sec_milli.store((r * 1000.0) as u64, Ordering::Relaxed);
+        self.per_sec_milli
+            .store((r * 1000.0) as u64, Ordering::Relaxed);
     }
 }
 

@@ -13,8 +13,15 @@ use crate::node::Node;
 fn request(node: &Node) -> RegisterRequest {
     let st = node.member.status();
     let topics = {
-        let s = node.member.state().read().unwrap_or_else(|p| p.into_inner());
-        s.topic_list().into_iter().map(|(topic, queues)| TopicQueues { topic, queues }).collect()
+        let s = node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        s.topic_list()
+            .into_iter()
+            .map(|(topic, queues)| TopicQueues { topic, queues })
+            .collect()
     };
     RegisterRequest {
         cluster: node.cfg.cluster.clone(),
@@ -34,7 +41,12 @@ fn request(node: &Node) -> RegisterRequest {
 /// What, when it changes, calls for an immediate registration.
 fn fingerprint(node: &Node) -> (String, u64, Option<u64>, u64) {
     let st = node.member.status();
-    let tv = node.member.state().read().map(|s| s.topic_version).unwrap_or(0);
+    let tv = node
+        .member
+        .state()
+        .read()
+        .map(|s| s.topic_version)
+        .unwrap_or(0);
     (st.role.as_str().to_string(), st.term, st.leader, tv)
 }
 
@@ -85,7 +97,10 @@ pub fn spawn(node: Arc<Node>) {
                         }
                     }
                 });
-                let all_ok = futures::future::join_all(calls).await.into_iter().all(|ok| ok);
+                let all_ok = futures::future::join_all(calls)
+                    .await
+                    .into_iter()
+                    .all(|ok| ok);
                 // A nameserver that missed this registration is retried on the next round.
                 last_fp = all_ok.then_some(fp);
                 last_sent = Instant::now();

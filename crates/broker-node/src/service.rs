@@ -40,7 +40,10 @@ fn not_leader(leader: Option<(u64, String)>) -> Option<Error> {
 fn propose_error(pe: ProposeError) -> Option<Error> {
     match pe {
         ProposeError::NotLeader { leader } => not_leader(leader),
-        ProposeError::Unavailable(m) => e(ErrorCode::Unavailable, format!("the group cannot commit now: {m}")),
+        ProposeError::Unavailable(m) => e(
+            ErrorCode::Unavailable,
+            format!("the group cannot commit now: {m}"),
+        ),
         ProposeError::Invalid(m) => e(ErrorCode::InvalidArgument, m),
         ProposeError::Fatal(m) => e(ErrorCode::Unavailable, format!("this node stopped: {m}")),
     }
@@ -48,29 +51,50 @@ fn propose_error(pe: ProposeError) -> Option<Error> {
 
 fn reply_error(r: &Reply) -> Option<Error> {
     match r {
-        Reply::TopicNotFound(t) => e(ErrorCode::TopicNotFound, format!("topic {t:?} does not exist on this broker group")),
+        Reply::TopicNotFound(t) => e(
+            ErrorCode::TopicNotFound,
+            format!("topic {t:?} does not exist on this broker group"),
+        ),
         Reply::Invalid(m) => e(ErrorCode::InvalidArgument, m.clone()),
-        Reply::TopicExists { queues } => {
-            e(ErrorCode::TopicExists, format!("topic exists with {queues} queues; pass update to change the count"))
-        }
+        Reply::TopicExists { queues } => e(
+            ErrorCode::TopicExists,
+            format!("topic exists with {queues} queues; pass update to change the count"),
+        ),
         _ => None,
     }
 }
 
 impl Broker {
     fn me(&self) -> NodeRef {
-        NodeRef { node_id: self.node.cfg.node_id, address: self.node.address.clone() }
+        NodeRef {
+            node_id: self.node.cfg.node_id,
+            address: self.node.address.clone(),
+        }
     }
 
     /// Leader check before doing work; followers answer NOT_LEADER with the leader.
     fn require_leader(&self) -> Option<Error> {
         let st = self.node.member.status();
-        if st.role == Role::Leader { None } else { not_leader(st.leader_address()) }
+        if st.role == Role::Leader {
+            None
+        } else {
+            not_leader(st.leader_address())
+        }
     }
 
     async fn propose(&self, cmd: Command) -> Result<(u64, Reply), Option<Error>> {
-        let (index, bytes) = self.node.member.propose(cmd.encode().into()).await.map_err(propose_error)?;
-        let reply = Reply::decode(&bytes).map_err(|err| e(ErrorCode::Internal, format!("bad state machine reply: {err}")))?;
+        let (index, bytes) = self
+            .node
+            .member
+            .propose(cmd.encode().into())
+            .await
+            .map_err(propose_error)?;
+        let reply = Reply::decode(&bytes).map_err(|err| {
+            e(
+                ErrorCode::Internal,
+                format!("bad state machine reply: {err}"),
+            )
+        })?;
         Ok((index, reply))
     }
 
@@ -78,12 +102,27 @@ impl Broker {
         if let Err(m) = check_name("topic", topic) {
             return e(ErrorCode::InvalidArgument, m);
         }
-        let st = self.node.member.state().read().unwrap_or_else(|p| p.into_inner());
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         match st.topics.get(topic) {
-            None => e(ErrorCode::TopicNotFound, format!("topic {topic:?} does not exist on broker group {}", self.node.cfg.broker)),
-            Some(t) if queue as usize >= t.queues.len() => {
-                e(ErrorCode::InvalidArgument, format!("queue {queue} is out of range: topic {topic} has {} queues", t.queues.len()))
-            }
+            None => e(
+                ErrorCode::TopicNotFound,
+                format!(
+                    "topic {topic:?} does not exist on broker group {}",
+                    self.node.cfg.broker
+                ),
+            ),
+            Some(t) if queue as usize >= t.queues.len() => e(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "queue {queue} is out of range: topic {topic} has {} queues",
+                    t.queues.len()
+                ),
+            ),
             Some(_) => None,
         }
     }
@@ -91,12 +130,19 @@ impl Broker {
     fn check_send(&self, req: &SendRequest) -> Option<Error> {
         let l = &self.node.cfg.limits;
         if req.messages.is_empty() {
-            return e(ErrorCode::InvalidArgument, "a send carries at least one message");
+            return e(
+                ErrorCode::InvalidArgument,
+                "a send carries at least one message",
+            );
         }
         if req.messages.len() > l.batch_messages_max {
             return e(
                 ErrorCode::MessageTooLarge,
-                format!("batch of {} messages exceeds the limit of {}", req.messages.len(), l.batch_messages_max),
+                format!(
+                    "batch of {} messages exceeds the limit of {}",
+                    req.messages.len(),
+                    l.batch_messages_max
+                ),
             );
         }
         let mut total = 0usize;
@@ -104,20 +150,33 @@ impl Broker {
             if m.body.len() > l.body_bytes_max {
                 return e(
                     ErrorCode::MessageTooLarge,
-                    format!("message {i}: body of {} bytes exceeds the limit of {} bytes", m.body.len(), l.body_bytes_max),
+                    format!(
+                        "message {i}: body of {} bytes exceeds the limit of {} bytes",
+                        m.body.len(),
+                        l.body_bytes_max
+                    ),
                 );
             }
             let props: usize = m.properties.iter().map(|(k, v)| k.len() + v.len()).sum();
             if props > l.properties_bytes_max {
                 return e(
                     ErrorCode::MessageTooLarge,
-                    format!("message {i}: properties of {props} bytes exceed the limit of {} bytes", l.properties_bytes_max),
+                    format!(
+                        "message {i}: properties of {props} bytes exceed the limit of {} bytes",
+                        l.properties_bytes_max
+                    ),
                 );
             }
             total += m.body.len() + props + m.key.len() + m.tag.len();
         }
         if total > l.batch_bytes_max {
-            return e(ErrorCode::MessageTooLarge, format!("batch of {total} bytes exceeds the limit of {} bytes", l.batch_bytes_max));
+            return e(
+                ErrorCode::MessageTooLarge,
+                format!(
+                    "batch of {total} bytes exceeds the limit of {} bytes",
+                    l.batch_bytes_max
+                ),
+            );
         }
         None
     }
@@ -147,7 +206,9 @@ impl Broker {
             address: n.address.clone(),
             role: st.role.as_str().into(),
             term: st.term,
-            leader: st.leader_address().map(|(node_id, address)| NodeRef { node_id, address }),
+            leader: st
+                .leader_address()
+                .map(|(node_id, address)| NodeRef { node_id, address }),
             last_log_index: st.last_log_index,
             committed: st.committed,
             applied: st.applied,
@@ -180,10 +241,23 @@ impl Broker {
 
     /// Reads up to `max` messages of a queue from `offset`, out of the log. Returns the messages and
     /// whether a needed entry was missing here (purged, or before a snapshot this node installed).
-    fn read_messages(&self, topic: &str, queue: u32, offset: u64, max: u32) -> Result<(Vec<StoredMessage>, bool), Option<Error>> {
+    fn read_messages(
+        &self,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        max: u32,
+    ) -> Result<(Vec<StoredMessage>, bool), Option<Error>> {
         let runs: Vec<crate::state::Run> = {
-            let st = self.node.member.state().read().unwrap_or_else(|p| p.into_inner());
-            let Some(q) = st.queue(topic, queue) else { return Ok((Vec::new(), false)) };
+            let st = self
+                .node
+                .member
+                .state()
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let Some(q) = st.queue(topic, queue) else {
+                return Ok((Vec::new(), false));
+            };
             let mut out = Vec::new();
             let mut want = max as u64;
             let mut o = offset;
@@ -203,17 +277,37 @@ impl Broker {
                 .node
                 .member
                 .read_entries(r.log_index, r.log_index + 1)
-                .map_err(|err| e(ErrorCode::Internal, format!("reading log entry {}: {err}", r.log_index)))?;
-            let Some((_, Some(data))) = entries.into_iter().next() else { return Ok((msgs, true)) };
-            let Ok(Command::Send { messages, timestamp_ms, .. }) = Command::decode(&data) else {
-                return Err(e(ErrorCode::Internal, format!("log entry {} is not a send", r.log_index)));
+                .map_err(|err| {
+                    e(
+                        ErrorCode::Internal,
+                        format!("reading log entry {}: {err}", r.log_index),
+                    )
+                })?;
+            let Some((_, Some(data))) = entries.into_iter().next() else {
+                return Ok((msgs, true));
+            };
+            let Ok(Command::Send {
+                messages,
+                timestamp_ms,
+                ..
+            }) = Command::decode(&data)
+            else {
+                return Err(e(
+                    ErrorCode::Internal,
+                    format!("log entry {} is not a send", r.log_index),
+                ));
             };
             let skip = (o - r.first_offset) as usize;
             for (i, m) in messages.into_iter().enumerate().skip(skip) {
                 if msgs.len() as u32 >= max {
                     break;
                 }
-                let StoredBody { key, tag, body, properties } = m;
+                let StoredBody {
+                    key,
+                    tag,
+                    body,
+                    properties,
+                } = m;
                 msgs.push(StoredMessage {
                     queue,
                     offset: r.first_offset + i as u64,
@@ -231,7 +325,14 @@ impl Broker {
         Ok((msgs, false))
     }
 
-    fn hint(&self, consumer: &str, queue: u32, next_offset: u64, max_offset: u64, needed_index: u64) -> hint::Hint {
+    fn hint(
+        &self,
+        consumer: &str,
+        queue: u32,
+        next_offset: u64,
+        max_offset: u64,
+        needed_index: u64,
+    ) -> hint::Hint {
         let n = &self.node;
         let st = n.member.status();
         let view = if st.role == Role::Leader {
@@ -255,8 +356,20 @@ impl Broker {
                 apply_backlog: st.committed.saturating_sub(st.applied),
             }
         };
-        let pos = PullPosition { consumer_id: consumer, queue, next_offset, max_offset, needed_index };
-        hint::decide((n.cfg.node_id, &n.address), &view, &pos, &n.cfg.read_hint, n.election_timeout_ms())
+        let pos = PullPosition {
+            consumer_id: consumer,
+            queue,
+            next_offset,
+            max_offset,
+            needed_index,
+        };
+        hint::decide(
+            (n.cfg.node_id, &n.address),
+            &view,
+            &pos,
+            &n.cfg.read_hint,
+            n.election_timeout_ms(),
+        )
     }
 }
 
@@ -265,15 +378,26 @@ impl BrokerService for Broker {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         let t0 = Instant::now();
         let req = req.into_inner();
-        let fail = |error| Ok(Response::new(SendResponse { error, ..Default::default() }));
-        if let Some(err) = self.check_topic(&req.topic, req.queue).or_else(|| self.check_send(&req)) {
+        let fail = |error| {
+            Ok(Response::new(SendResponse {
+                error,
+                ..Default::default()
+            }))
+        };
+        if let Some(err) = self
+            .check_topic(&req.topic, req.queue)
+            .or_else(|| self.check_send(&req))
+        {
             return fail(Some(err));
         }
         if let Some(err) = self.require_leader() {
             return fail(Some(err));
         }
         let Ok(_permit) = self.node.inflight.clone().try_acquire_owned() else {
-            return fail(e(ErrorCode::Busy, "too many sends are waiting for commit on this leader; retry shortly"));
+            return fail(e(
+                ErrorCode::Busy,
+                "too many sends are waiting for commit on this leader; retry shortly",
+            ));
         };
         let count = req.messages.len() as u64;
         let cmd = Command::Send {
@@ -301,7 +425,13 @@ impl BrokerService for Broker {
             Err(err) => return fail(err),
         };
         match reply {
-            Reply::Sent { queue, first_offset, count: n, log_index, duplicate } => {
+            Reply::Sent {
+                queue,
+                first_offset,
+                count: n,
+                log_index,
+                duplicate,
+            } => {
                 if !duplicate {
                     self.node.produced.add(count);
                 }
@@ -310,13 +440,20 @@ impl BrokerService for Broker {
                 Ok(Response::new(SendResponse {
                     error: None,
                     results: (0..n)
-                        .map(|i| SendResult { queue, offset: first_offset + i as u64, msg_id: msg_id(broker, log_index, i) })
+                        .map(|i| SendResult {
+                            queue,
+                            offset: first_offset + i as u64,
+                            msg_id: msg_id(broker, log_index, i),
+                        })
                         .collect(),
                     duplicate,
                     log_index,
                 }))
             }
-            other => fail(reply_error(&other).or_else(|| e(ErrorCode::Internal, format!("unexpected reply {other:?}")))),
+            other => fail(
+                reply_error(&other)
+                    .or_else(|| e(ErrorCode::Internal, format!("unexpected reply {other:?}"))),
+            ),
         }
     }
 
@@ -324,27 +461,49 @@ impl BrokerService for Broker {
         let req = req.into_inner();
         let me = self.me();
         let fail = |error: Option<Error>, suggested: Option<NodeRef>| {
-            Ok(Response::new(PullResponse { error, served_by: Some(me.clone()), suggested, ..Default::default() }))
+            Ok(Response::new(PullResponse {
+                error,
+                served_by: Some(me.clone()),
+                suggested,
+                ..Default::default()
+            }))
         };
         if let Some(err) = self.check_topic(&req.topic, req.queue) {
             return fail(Some(err), None);
         }
         let l = &self.node.cfg.limits;
         let max = req.max_messages.clamp(1, l.pull_messages_max);
-        let deadline = Instant::now() + Duration::from_millis(req.max_wait_ms.min(l.pull_wait_ms_max) as u64);
+        let deadline =
+            Instant::now() + Duration::from_millis(req.max_wait_ms.min(l.pull_wait_ms_max) as u64);
         let mut watch = self.node.member.watch();
         loop {
             let (min_offset, max_offset) = {
-                let st = self.node.member.state().read().unwrap_or_else(|p| p.into_inner());
+                let st = self
+                    .node
+                    .member
+                    .state()
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner());
                 match st.queue(&req.topic, req.queue) {
                     Some(q) => (q.min_offset, q.next_offset),
-                    None => return fail(e(ErrorCode::TopicNotFound, format!("topic {:?} was deleted", req.topic)), None),
+                    None => {
+                        return fail(
+                            e(
+                                ErrorCode::TopicNotFound,
+                                format!("topic {:?} was deleted", req.topic),
+                            ),
+                            None,
+                        );
+                    }
                 }
             };
             if req.offset < min_offset || req.offset > max_offset {
                 let err = e(
                     ErrorCode::OffsetOutOfRange,
-                    format!("offset {} is outside the queue's range [{min_offset}, {max_offset}]", req.offset),
+                    format!(
+                        "offset {} is outside the queue's range [{min_offset}, {max_offset}]",
+                        req.offset
+                    ),
                 );
                 return Ok(Response::new(PullResponse {
                     error: err,
@@ -361,17 +520,31 @@ impl BrokerService for Broker {
                 let _ = tokio::time::timeout(left, watch.changed()).await;
                 continue;
             }
-            let (messages, missing) = match self.read_messages(&req.topic, req.queue, req.offset, max) {
-                Ok(r) => r,
-                Err(err) => return fail(err, None),
-            };
+            let (messages, missing) =
+                match self.read_messages(&req.topic, req.queue, req.offset, max) {
+                    Ok(r) => r,
+                    Err(err) => return fail(err, None),
+                };
             let next_offset = messages.last().map(|m| m.offset + 1).unwrap_or(req.offset);
-            let needed_index = messages.last().map(|m| m.log_index).unwrap_or_else(|| self.node.member.status().applied);
-            let mut h = self.hint(&req.consumer_id, req.queue, next_offset, max_offset, needed_index);
+            let needed_index = messages
+                .last()
+                .map(|m| m.log_index)
+                .unwrap_or_else(|| self.node.member.status().applied);
+            let mut h = self.hint(
+                &req.consumer_id,
+                req.queue,
+                next_offset,
+                max_offset,
+                needed_index,
+            );
             if missing && messages.is_empty() {
                 // This node no longer holds the entry (it installed a snapshot past it): the leader does.
                 if let Some((id, addr)) = self.node.member.status().leader_address() {
-                    h = hint::Hint { node_id: id, address: addr, reason: "entry not held here" };
+                    h = hint::Hint {
+                        node_id: id,
+                        address: addr,
+                        reason: "entry not held here",
+                    };
                 }
             }
             self.node.pulled.add(messages.len() as u64);
@@ -383,38 +556,73 @@ impl BrokerService for Broker {
                 min_offset,
                 max_offset,
                 served_by: Some(me),
-                suggested: Some(NodeRef { node_id: h.node_id, address: h.address }),
+                suggested: Some(NodeRef {
+                    node_id: h.node_id,
+                    address: h.address,
+                }),
                 suggest_reason: h.reason.into(),
             }));
         }
     }
 
-    async fn commit_offset(&self, req: Request<CommitOffsetRequest>) -> Result<Response<CommitOffsetResponse>, Status> {
+    async fn commit_offset(
+        &self,
+        req: Request<CommitOffsetRequest>,
+    ) -> Result<Response<CommitOffsetResponse>, Status> {
         let req = req.into_inner();
         let fail = |error| Ok(Response::new(CommitOffsetResponse { error }));
         if let Err(m) = check_name("group", &req.group) {
             return fail(e(ErrorCode::InvalidArgument, m));
         }
-        if let Some(err) = self.check_topic(&req.topic, req.queue).or_else(|| self.require_leader()) {
+        if let Some(err) = self
+            .check_topic(&req.topic, req.queue)
+            .or_else(|| self.require_leader())
+        {
             return fail(Some(err));
         }
-        match self.propose(Command::CommitOffset { group: req.group, topic: req.topic, queue: req.queue, offset: req.offset }).await {
+        match self
+            .propose(Command::CommitOffset {
+                group: req.group,
+                topic: req.topic,
+                queue: req.queue,
+                offset: req.offset,
+            })
+            .await
+        {
             Ok((_, r)) => fail(reply_error(&r)),
             Err(err) => fail(err),
         }
     }
 
-    async fn fetch_offset(&self, req: Request<FetchOffsetRequest>) -> Result<Response<FetchOffsetResponse>, Status> {
+    async fn fetch_offset(
+        &self,
+        req: Request<FetchOffsetRequest>,
+    ) -> Result<Response<FetchOffsetResponse>, Status> {
         let req = req.into_inner();
         if let Some(err) = self.check_topic(&req.topic, req.queue) {
-            return Ok(Response::new(FetchOffsetResponse { error: Some(err), ..Default::default() }));
+            return Ok(Response::new(FetchOffsetResponse {
+                error: Some(err),
+                ..Default::default()
+            }));
         }
-        let st = self.node.member.state().read().unwrap_or_else(|p| p.into_inner());
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         let v = st.offsets.get(&(req.group, req.topic, req.queue)).copied();
-        Ok(Response::new(FetchOffsetResponse { error: None, found: v.is_some(), offset: v.unwrap_or(0) }))
+        Ok(Response::new(FetchOffsetResponse {
+            error: None,
+            found: v.is_some(),
+            offset: v.unwrap_or(0),
+        }))
     }
 
-    async fn create_topic(&self, req: Request<CreateTopicRequest>) -> Result<Response<CreateTopicResponse>, Status> {
+    async fn create_topic(
+        &self,
+        req: Request<CreateTopicRequest>,
+    ) -> Result<Response<CreateTopicResponse>, Status> {
         let req = req.into_inner();
         let fail = |error| Ok(Response::new(CreateTopicResponse { error, topic: None }));
         if let Err(m) = check_name("topic", &req.name) {
@@ -422,21 +630,38 @@ impl BrokerService for Broker {
         }
         let maxq = self.node.cfg.limits.queues_per_topic_max;
         if req.queues == 0 || req.queues > maxq {
-            return fail(e(ErrorCode::InvalidArgument, format!("queues must be 1 to {maxq}, got {}", req.queues)));
+            return fail(e(
+                ErrorCode::InvalidArgument,
+                format!("queues must be 1 to {maxq}, got {}", req.queues),
+            ));
         }
         if let Some(err) = self.require_leader() {
             return fail(Some(err));
         }
-        match self.propose(Command::CreateTopic { name: req.name.clone(), queues: req.queues, update: req.update }).await {
-            Ok((_, Reply::Ok)) => {
-                Ok(Response::new(CreateTopicResponse { error: None, topic: Some(TopicConfig { name: req.name, queues: req.queues }) }))
-            }
+        match self
+            .propose(Command::CreateTopic {
+                name: req.name.clone(),
+                queues: req.queues,
+                update: req.update,
+            })
+            .await
+        {
+            Ok((_, Reply::Ok)) => Ok(Response::new(CreateTopicResponse {
+                error: None,
+                topic: Some(TopicConfig {
+                    name: req.name,
+                    queues: req.queues,
+                }),
+            })),
             Ok((_, r)) => fail(reply_error(&r)),
             Err(err) => fail(err),
         }
     }
 
-    async fn delete_topic(&self, req: Request<DeleteTopicRequest>) -> Result<Response<DeleteTopicResponse>, Status> {
+    async fn delete_topic(
+        &self,
+        req: Request<DeleteTopicRequest>,
+    ) -> Result<Response<DeleteTopicResponse>, Status> {
         let req = req.into_inner();
         let fail = |error| Ok(Response::new(DeleteTopicResponse { error }));
         if let Err(m) = check_name("topic", &req.name) {
@@ -451,33 +676,71 @@ impl BrokerService for Broker {
         }
     }
 
-    async fn list_topics(&self, _req: Request<ListTopicsRequest>) -> Result<Response<ListTopicsResponse>, Status> {
-        let st = self.node.member.state().read().unwrap_or_else(|p| p.into_inner());
-        let topics = st.topic_list().into_iter().map(|(name, queues)| TopicConfig { name, queues }).collect();
-        Ok(Response::new(ListTopicsResponse { error: None, topics }))
+    async fn list_topics(
+        &self,
+        _req: Request<ListTopicsRequest>,
+    ) -> Result<Response<ListTopicsResponse>, Status> {
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let topics = st
+            .topic_list()
+            .into_iter()
+            .map(|(name, queues)| TopicConfig { name, queues })
+            .collect();
+        Ok(Response::new(ListTopicsResponse {
+            error: None,
+            topics,
+        }))
     }
 
-    async fn node_status(&self, _req: Request<NodeStatusRequest>) -> Result<Response<NodeStatusResponse>, Status> {
+    async fn node_status(
+        &self,
+        _req: Request<NodeStatusRequest>,
+    ) -> Result<Response<NodeStatusResponse>, Status> {
         Ok(Response::new(self.status_response()))
     }
 
-    async fn heartbeat(&self, req: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
         let req = req.into_inner();
-        let fail = |error| Ok(Response::new(HeartbeatResponse { error, ..Default::default() }));
+        let fail = |error| {
+            Ok(Response::new(HeartbeatResponse {
+                error,
+                ..Default::default()
+            }))
+        };
         if let Err(m) = check_name("group", &req.group) {
             return fail(e(ErrorCode::InvalidArgument, m));
         }
         if req.consumer_id.is_empty() || req.consumer_id.len() > 255 {
-            return fail(e(ErrorCode::InvalidArgument, "consumer_id must be 1 to 255 bytes"));
+            return fail(e(
+                ErrorCode::InvalidArgument,
+                "consumer_id must be 1 to 255 bytes",
+            ));
         }
         if let Some(err) = self.require_leader() {
             return fail(Some(err));
         }
-        let members = self.node.heartbeat(&req.group, &req.consumer_id, Instant::now());
-        Ok(Response::new(HeartbeatResponse { error: None, members, session_timeout_ms: SESSION_TIMEOUT.as_millis() as u64 }))
+        let members = self
+            .node
+            .heartbeat(&req.group, &req.consumer_id, Instant::now());
+        Ok(Response::new(HeartbeatResponse {
+            error: None,
+            members,
+            session_timeout_ms: SESSION_TIMEOUT.as_millis() as u64,
+        }))
     }
 
-    async fn leave_group(&self, req: Request<LeaveGroupRequest>) -> Result<Response<LeaveGroupResponse>, Status> {
+    async fn leave_group(
+        &self,
+        req: Request<LeaveGroupRequest>,
+    ) -> Result<Response<LeaveGroupResponse>, Status> {
         let req = req.into_inner();
         if let Some(err) = self.require_leader() {
             return Ok(Response::new(LeaveGroupResponse { error: Some(err) }));
@@ -489,24 +752,56 @@ impl BrokerService for Broker {
 
 #[tonic::async_trait]
 impl AdminService for Broker {
-    async fn transfer_leader(&self, req: Request<TransferLeaderRequest>) -> Result<Response<TransferLeaderResponse>, Status> {
+    async fn transfer_leader(
+        &self,
+        req: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
         let to = req.into_inner().to_node_id;
-        let error = self.node.member.transfer_leader(to).await.err().and_then(propose_error);
+        let error = self
+            .node
+            .member
+            .transfer_leader(to)
+            .await
+            .err()
+            .and_then(propose_error);
         Ok(Response::new(TransferLeaderResponse { error }))
     }
 
-    async fn add_learner(&self, req: Request<AddLearnerRequest>) -> Result<Response<AddLearnerResponse>, Status> {
+    async fn add_learner(
+        &self,
+        req: Request<AddLearnerRequest>,
+    ) -> Result<Response<AddLearnerResponse>, Status> {
         let req = req.into_inner();
         if req.node_id == 0 || req.address.is_empty() {
-            return Ok(Response::new(AddLearnerResponse { error: e(ErrorCode::InvalidArgument, "node_id and address are required") }));
+            return Ok(Response::new(AddLearnerResponse {
+                error: e(
+                    ErrorCode::InvalidArgument,
+                    "node_id and address are required",
+                ),
+            }));
         }
-        let error = self.node.member.add_learner(req.node_id, req.address).await.err().and_then(propose_error);
+        let error = self
+            .node
+            .member
+            .add_learner(req.node_id, req.address)
+            .await
+            .err()
+            .and_then(propose_error);
         Ok(Response::new(AddLearnerResponse { error }))
     }
 
-    async fn change_voters(&self, req: Request<ChangeVotersRequest>) -> Result<Response<ChangeVotersResponse>, Status> {
+    async fn change_voters(
+        &self,
+        req: Request<ChangeVotersRequest>,
+    ) -> Result<Response<ChangeVotersResponse>, Status> {
         let voters = req.into_inner().voters.into_iter().collect();
-        let error = self.node.member.change_voters(voters).await.err().and_then(propose_error);
+        let error = self
+            .node
+            .member
+            .change_voters(voters)
+            .await
+            .err()
+            .and_then(propose_error);
         Ok(Response::new(ChangeVotersResponse { error }))
     }
 }

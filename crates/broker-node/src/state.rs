@@ -40,8 +40,13 @@ pub struct QueueState {
 impl QueueState {
     /// The run holding `offset`, if it is still indexed.
     pub fn find(&self, offset: u64) -> Option<Run> {
-        let i = self.runs.partition_point(|r| r.first_offset + r.count as u64 <= offset);
-        self.runs.get(i).copied().filter(|r| r.first_offset <= offset)
+        let i = self
+            .runs
+            .partition_point(|r| r.first_offset + r.count as u64 <= offset);
+        self.runs
+            .get(i)
+            .copied()
+            .filter(|r| r.first_offset <= offset)
     }
 }
 
@@ -71,7 +76,10 @@ pub struct BrokerState {
 
 impl BrokerState {
     pub fn topic_list(&self) -> Vec<(String, u32)> {
-        self.topics.iter().map(|(n, t)| (n.clone(), t.queues.len() as u32)).collect()
+        self.topics
+            .iter()
+            .map(|(n, t)| (n.clone(), t.queues.len() as u32))
+            .collect()
     }
 
     pub fn queue(&self, topic: &str, queue: u32) -> Option<&QueueState> {
@@ -80,11 +88,19 @@ impl BrokerState {
 
     fn apply_command(&mut self, index: u64, cmd: Command) -> Reply {
         match cmd {
-            Command::CreateTopic { name, queues, update } => {
+            Command::CreateTopic {
+                name,
+                queues,
+                update,
+            } => {
                 if let Some(t) = self.topics.get_mut(&name) {
                     let have = t.queues.len() as u32;
                     if !update || queues == have {
-                        return if queues == have { Reply::Ok } else { Reply::TopicExists { queues: have } };
+                        return if queues == have {
+                            Reply::Ok
+                        } else {
+                            Reply::TopicExists { queues: have }
+                        };
                     }
                     if queues < have {
                         return Reply::Invalid(format!(
@@ -93,7 +109,12 @@ impl BrokerState {
                     }
                     t.queues.resize(queues as usize, QueueState::default());
                 } else {
-                    self.topics.insert(name, TopicState { queues: vec![QueueState::default(); queues as usize] });
+                    self.topics.insert(
+                        name,
+                        TopicState {
+                            queues: vec![QueueState::default(); queues as usize],
+                        },
+                    );
                 }
                 self.topic_version += 1;
                 Reply::Ok
@@ -106,28 +127,59 @@ impl BrokerState {
                 self.topic_version += 1;
                 Reply::Ok
             }
-            Command::Send { topic, queue, producer_id, sequence, messages, .. } => {
+            Command::Send {
+                topic,
+                queue,
+                producer_id,
+                sequence,
+                messages,
+                ..
+            } => {
                 if producer_id != 0
                     && let Some(w) = self.producers.get(&producer_id)
-                    && let Some(&(_, q, first, count, li)) = w.recent.iter().find(|r| r.0 == sequence)
+                    && let Some(&(_, q, first, count, li)) =
+                        w.recent.iter().find(|r| r.0 == sequence)
                 {
-                    return Reply::Sent { queue: q, first_offset: first, count, log_index: li, duplicate: true };
+                    return Reply::Sent {
+                        queue: q,
+                        first_offset: first,
+                        count,
+                        log_index: li,
+                        duplicate: true,
+                    };
                 }
-                let Some(t) = self.topics.get_mut(&topic) else { return Reply::TopicNotFound(topic) };
+                let Some(t) = self.topics.get_mut(&topic) else {
+                    return Reply::TopicNotFound(topic);
+                };
                 let Some(q) = t.queues.get_mut(queue as usize) else {
                     return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
                 };
                 let count = messages.len() as u32;
                 let first = q.next_offset;
-                q.runs.push(Run { first_offset: first, log_index: index, count });
+                q.runs.push(Run {
+                    first_offset: first,
+                    log_index: index,
+                    count,
+                });
                 q.next_offset += count as u64;
                 self.messages_total += count as u64;
                 if producer_id != 0 {
                     self.remember(producer_id, index, (sequence, queue, first, count, index));
                 }
-                Reply::Sent { queue, first_offset: first, count, log_index: index, duplicate: false }
+                Reply::Sent {
+                    queue,
+                    first_offset: first,
+                    count,
+                    log_index: index,
+                    duplicate: false,
+                }
             }
-            Command::CommitOffset { group, topic, queue, offset } => {
+            Command::CommitOffset {
+                group,
+                topic,
+                queue,
+                offset,
+            } => {
                 if !self.topics.contains_key(&topic) {
                     return Reply::TopicNotFound(topic);
                 }
@@ -140,7 +192,12 @@ impl BrokerState {
     fn remember(&mut self, producer_id: u64, index: u64, rec: (u64, u32, u64, u32, u64)) {
         if !self.producers.contains_key(&producer_id) && self.producers.len() >= PRODUCERS_MAX {
             // Forget the producer idle the longest; deterministic since ties break by id.
-            if let Some(old) = self.producers.iter().min_by_key(|(id, w)| (w.last_index, **id)).map(|(id, _)| *id) {
+            if let Some(old) = self
+                .producers
+                .iter()
+                .min_by_key(|(id, w)| (w.last_index, **id))
+                .map(|(id, _)| *id)
+            {
                 self.producers.remove(&old);
             }
         }
@@ -172,8 +229,8 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     }
 
     fn restore(&mut self, data: &[u8]) -> std::io::Result<()> {
-        let mut s: BrokerState =
-            postcard::from_bytes(data).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let mut s: BrokerState = postcard::from_bytes(data)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         // Messages before a snapshot are not indexed here; serve from where the queue stood.
         for t in s.topics.values_mut() {
             for q in &mut t.queues {
@@ -200,7 +257,12 @@ mod tests {
             sequence: seq,
             timestamp_ms: 1,
             messages: (0..n)
-                .map(|i| StoredBody { key: String::new(), tag: String::new(), body: vec![i as u8], properties: vec![] })
+                .map(|i| StoredBody {
+                    key: String::new(),
+                    tag: String::new(),
+                    body: vec![i as u8],
+                    properties: vec![],
+                })
                 .collect(),
         };
         Reply::decode(&st.apply(index, 1, &cmd.encode())).unwrap()
@@ -209,16 +271,66 @@ mod tests {
     #[test]
     fn offsets_are_dense_per_queue_and_retries_are_stored_once() {
         let mut st = BrokerState::default();
-        let r = st.apply(1, 1, &Command::CreateTopic { name: "t".into(), queues: 2, update: false }.encode());
+        let r = st.apply(
+            1,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 2,
+                update: false,
+            }
+            .encode(),
+        );
         assert_eq!(Reply::decode(&r).unwrap(), Reply::Ok);
-        assert_eq!(send(&mut st, 2, 7, 1, 3), Reply::Sent { queue: 1, first_offset: 0, count: 3, log_index: 2, duplicate: false });
-        assert_eq!(send(&mut st, 3, 7, 2, 2), Reply::Sent { queue: 1, first_offset: 3, count: 2, log_index: 3, duplicate: false });
+        assert_eq!(
+            send(&mut st, 2, 7, 1, 3),
+            Reply::Sent {
+                queue: 1,
+                first_offset: 0,
+                count: 3,
+                log_index: 2,
+                duplicate: false
+            }
+        );
+        assert_eq!(
+            send(&mut st, 3, 7, 2, 2),
+            Reply::Sent {
+                queue: 1,
+                first_offset: 3,
+                count: 2,
+                log_index: 3,
+                duplicate: false
+            }
+        );
         // The same (producer, sequence) again: not stored, answered with the first offsets.
-        assert_eq!(send(&mut st, 4, 7, 1, 3), Reply::Sent { queue: 1, first_offset: 0, count: 3, log_index: 2, duplicate: true });
+        assert_eq!(
+            send(&mut st, 4, 7, 1, 3),
+            Reply::Sent {
+                queue: 1,
+                first_offset: 0,
+                count: 3,
+                log_index: 2,
+                duplicate: true
+            }
+        );
         let q = st.queue("t", 1).unwrap();
         assert_eq!(q.next_offset, 5);
-        assert_eq!(q.find(4), Some(Run { first_offset: 3, log_index: 3, count: 2 }));
-        assert_eq!(q.find(0), Some(Run { first_offset: 0, log_index: 2, count: 3 }));
+        assert_eq!(
+            q.find(4),
+            Some(Run {
+                first_offset: 3,
+                log_index: 3,
+                count: 2
+            })
+        );
+        assert_eq!(
+            q.find(0),
+            Some(Run {
+                first_offset: 0,
+                log_index: 2,
+                count: 3
+            })
+        );
         assert_eq!(q.find(5), None);
     }
 
@@ -226,10 +338,37 @@ mod tests {
     fn unknown_topic_and_shrinking_queues_are_refused() {
         let mut st = BrokerState::default();
         assert_eq!(send(&mut st, 1, 0, 0, 1), Reply::TopicNotFound("t".into()));
-        st.apply(2, 1, &Command::CreateTopic { name: "t".into(), queues: 4, update: false }.encode());
-        let r = st.apply(3, 1, &Command::CreateTopic { name: "t".into(), queues: 2, update: true }.encode());
+        st.apply(
+            2,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 4,
+                update: false,
+            }
+            .encode(),
+        );
+        let r = st.apply(
+            3,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 2,
+                update: true,
+            }
+            .encode(),
+        );
         assert!(matches!(Reply::decode(&r).unwrap(), Reply::Invalid(_)));
-        let r = st.apply(4, 1, &Command::CreateTopic { name: "t".into(), queues: 8, update: true }.encode());
+        let r = st.apply(
+            4,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 8,
+                update: true,
+            }
+            .encode(),
+        );
         assert_eq!(Reply::decode(&r).unwrap(), Reply::Ok);
         assert_eq!(st.topics["t"].queues.len(), 8);
     }
@@ -237,14 +376,39 @@ mod tests {
     #[test]
     fn snapshot_restores_topics_offsets_and_producer_windows() {
         let mut st = BrokerState::default();
-        st.apply(1, 1, &Command::CreateTopic { name: "t".into(), queues: 2, update: false }.encode());
+        st.apply(
+            1,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 2,
+                update: false,
+            }
+            .encode(),
+        );
         send(&mut st, 2, 9, 5, 2);
-        st.apply(3, 1, &Command::CommitOffset { group: "g".into(), topic: "t".into(), queue: 1, offset: 1 }.encode());
+        st.apply(
+            3,
+            1,
+            &Command::CommitOffset {
+                group: "g".into(),
+                topic: "t".into(),
+                queue: 1,
+                offset: 1,
+            }
+            .encode(),
+        );
         let snap = st.snapshot();
         let mut other = BrokerState::default();
         other.restore(&snap).unwrap();
         assert_eq!(other.offsets.get(&("g".into(), "t".into(), 1)), Some(&1));
         assert_eq!(other.queue("t", 1).unwrap().next_offset, 2);
-        assert!(matches!(send(&mut other, 4, 9, 5, 2), Reply::Sent { duplicate: true, .. }));
+        assert!(matches!(
+            send(&mut other, 4, 9, 5, 2),
+            Reply::Sent {
+                duplicate: true,
+                ..
+            }
+        ));
     }
 }

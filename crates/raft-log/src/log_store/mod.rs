@@ -39,6 +39,8 @@ struct Inner {
     dir: PathBuf,
     segments: BTreeMap<u64, Segment>,
     last: Option<LogId>,
+    /// Entries at or below this index are purged: never returned, even while their segment stays.
+    purged: Option<u64>,
     segment_bytes_max: u64,
 }
 
@@ -127,6 +129,7 @@ impl LogStore {
             dir: dir.to_path_buf(),
             segments,
             last: None,
+            purged: purged.map(|p| p.index),
             segment_bytes_max,
         };
         inner.last = inner.read_last_log_id()?.or(purged);
@@ -266,9 +269,21 @@ impl Inner {
 
     fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
         let mut out = Vec::new();
-        let mut i = start;
+        let mut i = match self.purged {
+            Some(p) => start.max(p + 1),
+            None => start,
+        };
         while i < end {
-            let Some(seg) = self.segment_of(i) else { break };
+            let Some(seg) = self.segment_of(i) else {
+                // Below the first held index (purged, or never written): skip to what is held.
+                match self.segments.range(i + 1..).next() {
+                    Some((first, _)) if *first < end => {
+                        i = *first;
+                        continue;
+                    }
+                    _ => break,
+                }
+            };
             let stop = end.min(seg.next_index());
             seg.read_entries(i, stop, &mut out)?;
             i = stop;
@@ -404,7 +419,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let Some((_, seg)) = g.segments.range_mut(..keep_next).next_back() {
             seg.truncate_to(keep_next)?;
         }
-        g.last = last_log_id;
+        g.last = g.read_last_log_id()?.or(self.meta.purged()?);
         let dir = g.dir.clone();
         drop(g);
         sync_dir(&dir)
@@ -429,6 +444,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if g.last.is_none_or(|l| l.index < log_id.index) {
             g.last = Some(log_id);
         }
+        g.purged = Some(log_id.index);
         let dir = g.dir.clone();
         drop(g);
         sync_dir(&dir)

@@ -73,8 +73,17 @@ pub fn main(cli: Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Commands that end normally on Ctrl-C (committing offsets, stopping a watch or the
+    // playground) handle it themselves; servers install their own handlers.
+    let handles_interrupt = is_server
+        || matches!(
+            cli.command,
+            Command::Consume(_)
+                | Command::Cluster(ClusterCmd::Status { watch: true })
+                | Command::Playground(_)
+        );
     let outcome = runtime.block_on(async {
-        if is_server {
+        if handles_interrupt {
             return Some(run(cli).await);
         }
         // Dropping the command's future on interruption drops any local cluster it owns, which

@@ -74,13 +74,19 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let Some((leader, old_term)) = live_leader(&cluster, &admin).await else {
         bail!("no leader to kill");
     };
+    let before: HashMap<u64, (String, u64)> = cluster
+        .statuses(&admin)
+        .await
+        .into_iter()
+        .map(|(id, s)| (id, s.map_or(("down".into(), 0), |s| (s.role, s.term))))
+        .collect();
     n.say(&format!(
         "SIGKILL the leader, node {leader} (term {old_term})"
     ));
     let killed_at = Instant::now();
     cluster.kill(leader)?;
     let (election, outage) =
-        watch_election(&n, &cluster, &admin, &load, killed_at, old_term).await?;
+        watch_election(&n, &cluster, &admin, &load, (killed_at, old_term), before).await?;
     n.table(&admin).await;
 
     n.say(&format!("restarting node {leader} on its data directory"));
@@ -141,10 +147,9 @@ async fn watch_election(
     cluster: &LocalCluster,
     admin: &Admin,
     load: &Load,
-    killed_at: Instant,
-    old_term: u64,
+    (killed_at, old_term): (Instant, u64),
+    mut seen: HashMap<u64, (String, u64)>,
 ) -> Result<(Duration, Duration)> {
-    let mut seen: HashMap<u64, (String, u64)> = HashMap::new();
     let (mut election, mut outage) = (None, None);
     let deadline = killed_at + Duration::from_secs(20);
     while election.is_none() || outage.is_none() {
@@ -158,18 +163,16 @@ async fn watch_election(
                 .map_or(("down".to_string(), 0), |s| (s.role.clone(), s.term));
             if seen.get(&id) != Some(&now) {
                 let before = seen.get(&id).map_or("-".to_string(), |b| b.0.clone());
-                if !seen.is_empty() || now.0 != "follower" {
-                    let term = if now.0 == "down" {
-                        String::new()
-                    } else {
-                        format!(" (term {})", now.1)
-                    };
-                    n.say(&format!(
-                        "  +{:>4} ms  node {id}: {before} → {}{term}",
-                        at.as_millis(),
-                        now.0
-                    ));
-                }
+                let term = if now.0 == "down" {
+                    String::new()
+                } else {
+                    format!(" (term {})", now.1)
+                };
+                n.say(&format!(
+                    "  +{:>4} ms  node {id}: {before} → {}{term}",
+                    at.as_millis(),
+                    now.0
+                ));
                 if election.is_none() && now.0 == "leader" && now.1 > old_term {
                     election = Some(at);
                 }

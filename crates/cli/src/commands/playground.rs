@@ -12,11 +12,16 @@ pub async fn run(args: PlaygroundArgs) -> Result<()> {
         "starting a nameserver and a {}-node broker group...",
         args.nodes
     );
-    let cluster = LocalCluster::start(LocalClusterOptions {
+    let interrupt = interrupted();
+    tokio::pin!(interrupt);
+    let start = LocalCluster::start(LocalClusterOptions {
         nodes: args.nodes.max(1),
         ..Default::default()
-    })
-    .await?;
+    });
+    let cluster = tokio::select! {
+        c = start => c?,
+        _ = &mut interrupt => anyhow::bail!("interrupted while starting"),
+    };
     let ns = &cluster.nameserver;
     if !args.topic.is_empty() {
         Admin::connect(ns)?
@@ -53,7 +58,7 @@ pub async fn run(args: PlaygroundArgs) -> Result<()> {
     );
     println!("  raftmq bench produce --topic {t} --count 50000");
     println!("\nCtrl-C stops every process and removes the directory.");
-    interrupted().await;
+    interrupt.await;
     println!("stopping");
     drop(cluster);
     Ok(())

@@ -7,6 +7,7 @@
 //! - [`network`] / [`server`]: the peer gRPC client (one channel per peer, deadlines) and service.
 //! - [`config`]: [`RaftConfig`] with defaults and validation.
 //! - [`types`]: the openraft type configuration.
+//! - [`testkit`]: a local group of members with abrupt kill, for tests and benchmarks.
 
 pub mod config;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod network;
 pub mod node;
 pub mod server;
 pub mod state_machine;
+pub mod testkit;
 pub mod types;
 
 pub use config::{FlushMode, RaftConfig};

@@ -83,11 +83,13 @@ impl Launcher {
             (ns.is_file() && bn.is_file()).then_some((ns, bn))
         });
         if let Some((nameserver, broker_node)) = binaries {
+            // A raftmq built after the binaries runs newer server code than they do.
             let stale = SERVERS_BUILT_IN
-                && is_raftmq
-                && modified(&broker_node)
-                    .zip(modified(&exe))
-                    .is_some_and(|(b, e)| b < e);
+                && raftmq
+                    .as_deref()
+                    .and_then(modified)
+                    .zip(modified(&broker_node))
+                    .is_some_and(|(r, b)| b < r);
             if !stale {
                 return Ok(Launcher::Binaries {
                     nameserver,

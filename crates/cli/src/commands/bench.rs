@@ -304,7 +304,13 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result
     let load = Load::start(producer.clone(), topic, "f", senders, 128);
     let mut results = Vec::new();
     for k in 1..=kills {
+        let settle = Instant::now();
         let (leader, old_term) = wait_stable(&mut cluster, &admin, &load).await?;
+        tracing::info!(
+            "settled in {:?} with {} acknowledged",
+            settle.elapsed(),
+            load.acked()
+        );
         let killed_at = Instant::now();
         cluster.kill(leader)?;
         let (mut elected, mut first_ack) = (None, None);
@@ -337,8 +343,14 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result
             outage_ms: outage.as_secs_f64() * 1000.0,
         };
         eprintln!(
-            "  kill {k:>3}/{kills}: node {} (term {}) → node {} leads (term {}) after {:.0} ms; first ack after {:.0} ms",
-            r.killed, r.old_term, r.new_leader, r.new_term, r.election_ms, r.outage_ms
+            "  kill {k:>3}/{kills}: node {} (term {}) → node {} leads (term {}) after {:.0} ms; first ack after {:.0} ms; {} acknowledged so far",
+            r.killed,
+            r.old_term,
+            r.new_leader,
+            r.new_term,
+            r.election_ms,
+            r.outage_ms,
+            load.acked()
         );
         results.push(r);
         cluster.restart(leader)?;
@@ -429,27 +441,42 @@ pub async fn live_leader(cluster: &LocalCluster, admin: &Admin) -> Option<(u64, 
         .map(|s| (s.node_id, s.term))
 }
 
-/// Waits until every node runs and answers, one leads, the others have applied nearly all it
-/// committed, and sends are being acknowledged. Returns (leader, term).
+/// Waits until, for a full second, every node runs and answers, one leads, the others follow in
+/// its term, have heard from it recently and applied nearly all it committed, and sends are
+/// acknowledged — so each kill starts from a steady cluster. Returns (leader, term).
 async fn wait_stable(cluster: &mut LocalCluster, admin: &Admin, load: &Load) -> Result<(u64, u64)> {
+    const STEADY: Duration = Duration::from_secs(1);
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut steady_since: Option<(Instant, u64, u64)> = None;
     loop {
         cluster.check_children()?;
         let statuses = cluster.statuses(admin).await;
         let live: Vec<_> = statuses.iter().filter_map(|(_, s)| s.as_ref()).collect();
-        if live.len() == statuses.len()
-            && let Some(leader) = live
-                .iter()
-                .filter(|s| s.role == "leader")
-                .max_by_key(|s| s.term)
-            && live.iter().all(|s| {
-                s.role == "leader" || (s.role == "follower" && s.applied + 64 >= leader.committed)
+        let leader = live
+            .iter()
+            .filter(|s| s.role == "leader")
+            .max_by_key(|s| s.term);
+        let ok = live.len() == statuses.len()
+            && leader.is_some_and(|l| {
+                live.iter().all(|s| {
+                    s.node_id == l.node_id
+                        || (s.role == "follower"
+                            && s.term == l.term
+                            && s.millis_since_leader_contact.is_some_and(|ms| ms < 500)
+                            && s.applied + 64 >= l.committed)
+                })
             })
             && load
                 .last_ack()
-                .is_some_and(|t| t.elapsed() < Duration::from_millis(200))
-        {
-            return Ok((leader.node_id, leader.term));
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(200));
+        match (ok, leader, steady_since) {
+            (true, Some(l), Some((since, id, term))) if id == l.node_id && term == l.term => {
+                if since.elapsed() >= STEADY {
+                    return Ok((id, term));
+                }
+            }
+            (true, Some(l), _) => steady_since = Some((Instant::now(), l.node_id, l.term)),
+            _ => steady_since = None,
         }
         if Instant::now() > deadline {
             bail!("the cluster did not settle (all nodes up, followers caught up) within 60 s");

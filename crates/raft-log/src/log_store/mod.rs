@@ -180,10 +180,10 @@ impl LogStore {
             .collect()
     }
 
-    fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Option<Arc<File>>> {
+    fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<SyncTarget>> {
         let mut g = self.inner.write().map_err(|_| poisoned())?;
         let mut buf = Vec::with_capacity(64 << 10);
-        let mut file = None;
+        let mut files = Vec::new();
         let mut batch_first: Option<u64> = None;
         let mut idx_in_buf: Vec<(u64, u64)> = Vec::new(); // (index, offset in buf)
         for e in entries {
@@ -205,7 +205,7 @@ impl LogStore {
             };
             if need_roll {
                 if !buf.is_empty() {
-                    file = Some(g.flush_buf(&mut buf, &mut idx_in_buf)?);
+                    files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
                 }
                 let dir = g.dir.clone();
                 let seg = Segment::create(&dir, id.index)?;
@@ -219,20 +219,20 @@ impl LogStore {
             g.last = Some(id);
         }
         if !buf.is_empty() {
-            file = Some(g.flush_buf(&mut buf, &mut idx_in_buf)?);
+            files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
         }
-        Ok(file)
+        Ok(files)
     }
 
     /// Blocks until every append submitted so far is on disk.
     fn barrier(&self) -> io::Result<()> {
         let file = {
             let g = self.inner.read().map_err(|_| poisoned())?;
-            g.segments.values().next_back().map(|s| s.file())
+            g.segments.values().next_back().map(|s| s.sync_target())
         };
         let (tx, rx) = mpsc::channel();
         self.flusher.submit(FlushJob {
-            file,
+            files: file.into_iter().collect(),
             done: FlushDone::Barrier(tx),
         });
         rx.recv()
@@ -241,7 +241,11 @@ impl LogStore {
 }
 
 impl Inner {
-    fn flush_buf(&mut self, buf: &mut Vec<u8>, idx: &mut Vec<(u64, u64)>) -> io::Result<Arc<File>> {
+    fn flush_buf(
+        &mut self,
+        buf: &mut Vec<u8>,
+        idx: &mut Vec<(u64, u64)>,
+    ) -> io::Result<SyncTarget> {
         let seg = self
             .segments
             .values_mut()
@@ -250,7 +254,7 @@ impl Inner {
         seg.append(buf, idx)?;
         buf.clear();
         idx.clear();
-        Ok(seg.file())
+        Ok(seg.sync_target())
     }
 
     fn read_last_log_id(&self) -> io::Result<Option<LogId>> {
@@ -392,9 +396,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         match self.write_entries(entries) {
-            Ok(file) => {
+            Ok(files) => {
                 self.flusher.submit(FlushJob {
-                    file,
+                    files,
                     done: FlushDone::Raft(callback),
                 });
                 Ok(())
@@ -457,8 +461,63 @@ enum FlushDone {
     Barrier(mpsc::Sender<io::Result<()>>),
 }
 
+/// A file to fdatasync, with its path for the power-loss test aid.
+#[derive(Clone)]
+pub(crate) struct SyncTarget {
+    pub(crate) file: Arc<File>,
+    pub(crate) path: Arc<PathBuf>,
+}
+
+/// Set `RAFTMQ_TRACK_DURABLE=1` to have the flusher record, next to each segment, the length known
+/// to be on disk after each fsync (`<segment>.durable`). Tests use it to simulate a power loss of
+/// a killed node: every byte past the recorded length is dropped. Never set it in production: it
+/// costs a small write per fsync.
+static TRACK_DURABLE: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("RAFTMQ_TRACK_DURABLE").is_some_and(|v| v == "1"));
+
+impl SyncTarget {
+    fn sync(&self) -> io::Result<()> {
+        let len = if *TRACK_DURABLE {
+            Some(self.file.metadata()?.len())
+        } else {
+            None
+        };
+        let t = std::time::Instant::now();
+        self.file.sync_data()?;
+        crate::metrics::observe_fsync(t.elapsed());
+        if let Some(len) = len {
+            std::fs::write(self.path.with_extension("durable"), len.to_le_bytes())?;
+        }
+        Ok(())
+    }
+}
+
+/// Drops from every segment under `log_dir` what the flusher had not recorded as durable (see
+/// `RAFTMQ_TRACK_DURABLE`): the state a power loss would leave. For tests of a stopped node.
+pub fn simulate_power_loss(log_dir: &Path) -> io::Result<u64> {
+    let mut dropped = 0;
+    for e in std::fs::read_dir(log_dir)? {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "log") {
+            let durable = match std::fs::read(path.with_extension("durable")) {
+                Ok(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+                _ => 0,
+            };
+            let len = std::fs::metadata(&path)?.len();
+            if len > durable {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)?
+                    .set_len(durable)?;
+                dropped += len - durable;
+            }
+        }
+    }
+    Ok(dropped)
+}
+
 struct FlushJob {
-    file: Option<Arc<File>>,
+    files: Vec<SyncTarget>,
     done: FlushDone,
 }
 
@@ -509,17 +568,16 @@ fn flusher_loop(rx: mpsc::Receiver<FlushJob>, mode: FlushMode) {
         let mut result: io::Result<()> = Ok(());
         if sync {
             let mut synced: Vec<*const File> = Vec::new();
-            for j in &jobs {
-                if let Some(f) = &j.file {
-                    let p = Arc::as_ptr(f);
-                    if !synced.contains(&p) {
-                        synced.push(p);
-                        let t = std::time::Instant::now();
-                        if let Err(e) = f.sync_data() {
-                            result = Err(e);
-                            break;
-                        }
-                        crate::metrics::observe_fsync(t.elapsed());
+            'jobs: for j in &jobs {
+                for t in &j.files {
+                    let p = Arc::as_ptr(&t.file);
+                    if synced.contains(&p) {
+                        continue;
+                    }
+                    synced.push(p);
+                    if let Err(e) = t.sync() {
+                        result = Err(e);
+                        break 'jobs;
                     }
                 }
             }

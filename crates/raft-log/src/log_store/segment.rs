@@ -12,7 +12,7 @@ use crate::types::{EntryPayload, LogId};
 
 pub struct Segment {
     first_index: u64,
-    path: PathBuf,
+    path: Arc<PathBuf>,
     file: Arc<File>,
     /// `positions[i]` is the file offset of the record of index `first_index + i`.
     positions: Vec<u64>,
@@ -35,7 +35,7 @@ impl Segment {
         file.set_len(0)?;
         Ok(Segment {
             first_index,
-            path,
+            path: Arc::new(path),
             file: Arc::new(file),
             positions: Vec::new(),
             len: 0,
@@ -80,7 +80,7 @@ impl Segment {
         Ok((
             Segment {
                 first_index,
-                path: path.to_path_buf(),
+                path: Arc::new(path.to_path_buf()),
                 file: Arc::new(file),
                 positions,
                 len: pos,
@@ -101,8 +101,11 @@ impl Segment {
     pub fn len(&self) -> u64 {
         self.len
     }
-    pub fn file(&self) -> Arc<File> {
-        self.file.clone()
+    pub(crate) fn sync_target(&self) -> super::SyncTarget {
+        super::SyncTarget {
+            file: self.file.clone(),
+            path: self.path.clone(),
+        }
     }
     pub fn modified(&self) -> Option<std::time::SystemTime> {
         self.file.metadata().and_then(|m| m.modified()).ok()
@@ -185,10 +188,15 @@ impl Segment {
         self.file.set_len(new_len)?;
         self.file.sync_all()?;
         self.len = new_len;
+        let durable = self.path.with_extension("durable");
+        if durable.exists() {
+            std::fs::write(durable, new_len.to_le_bytes())?;
+        }
         Ok(())
     }
 
     pub fn remove(self) -> io::Result<()> {
-        std::fs::remove_file(&self.path)
+        let _ = std::fs::remove_file(self.path.with_extension("durable"));
+        std::fs::remove_file(&*self.path)
     }
 }

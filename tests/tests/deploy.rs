@@ -127,6 +127,7 @@ fn detect_env() -> Result<Env, String> {
         .to_owned();
     let image = std::env::var("RAFTMQ_IMAGE").unwrap_or_else(|_| "raftmq:latest".to_owned());
     ensure_image(&root, &image);
+    sweep_stale();
     eprintln!(
         "deploy tests: engine {}, compose `{}`, image {image}",
         info.stdout.trim(),
@@ -137,6 +138,66 @@ fn detect_env() -> Result<Env, String> {
         image,
         root,
     })
+}
+
+/// Compose project names of these tests start with this, then the test process's id.
+const PROJECT_PREFIX: &str = "rmqt-";
+
+/// Removes what earlier test runs left behind when they could not take their projects down
+/// (killed by a timeout, say): containers, networks and volumes of `rmqt-<pid>-...` projects whose
+/// process is gone.
+fn sweep_stale() {
+    let listed = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        "label=com.docker.compose.project",
+        "--format",
+        "{{.Label \"com.docker.compose.project\"}}",
+    ]);
+    let projects: BTreeSet<String> = listed
+        .stdout
+        .lines()
+        .chain(
+            docker(&["volume", "ls", "--format", "{{.Name}}"])
+                .stdout
+                .lines()
+                .filter_map(|v| v.split_once('_').map(|(p, _)| p)),
+        )
+        .filter(|p| p.starts_with(PROJECT_PREFIX))
+        .map(str::to_owned)
+        .collect();
+    for project in projects {
+        let pid = project[PROJECT_PREFIX.len()..]
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|pid| {
+            pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+        });
+        if alive {
+            continue;
+        }
+        eprintln!("deploy tests: removing {project}, left behind by an earlier run");
+        let label = format!("label=com.docker.compose.project={project}");
+        let containers = docker(&["ps", "-aq", "--filter", &label]).stdout;
+        let producers =
+            docker(&["ps", "-aq", "--filter", &format!("name={project}-producer")]).stdout;
+        let ids: Vec<&str> = containers.lines().chain(producers.lines()).collect();
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f", "-v"];
+            args.extend(ids);
+            let _ = docker(&args);
+        }
+        let _ = docker(&["network", "rm", &format!("{project}_default")]);
+        let volumes = docker(&["volume", "ls", "-q", "--filter", &label]).stdout;
+        let volumes: Vec<&str> = volumes.lines().collect();
+        if !volumes.is_empty() {
+            let mut args = vec!["volume", "rm", "-f"];
+            args.extend(volumes);
+            let _ = docker(&args);
+        }
+    }
 }
 
 fn ensure_image(root: &Path, image: &str) {
@@ -314,10 +375,10 @@ impl Project {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs() % 100_000)
             .unwrap_or(0);
+        // `<prefix><pid>-...`: sweep_stale() recognises projects of test runs that are gone.
         let name = format!(
-            "rmqt{}{}{}{tag}",
+            "{PROJECT_PREFIX}{}-{stamp}{}-{tag}",
             std::process::id(),
-            stamp,
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let project = Project {

@@ -4,7 +4,7 @@
 //! The binaries must be built first (`cargo build --bins`; the README's test command does it).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,14 +14,19 @@ use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::*;
 use tonic::transport::Channel;
 
+pub mod history;
+
 /// The directory holding this workspace's binaries (target/debug or target/release).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test-binary>
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf()
+    let dir = exe.parent().expect("exe dir");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        // A test binary: target/<profile>/deps/<test-binary>.
+        dir.parent().expect("target dir").to_path_buf()
+    } else {
+        // A binary of this package (the soak): target/<profile>/<binary>.
+        dir.to_path_buf()
+    }
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -75,12 +80,19 @@ pub struct Cluster {
     pub ns: Option<Child>,
     pub nodes: BTreeMap<u64, NodeProc>,
     pub extra: Vec<String>,
+    /// Environment variables given to every broker-node (e.g. `RAFTMQ_TRACK_DURABLE=1`).
+    pub env: Vec<(String, String)>,
     pub broker: String,
 }
 
 impl Cluster {
     /// Starts a nameserver and `n` nodes of `broker-a`, and waits for a leader.
     pub async fn start(n: u64, extra: &[&str]) -> Cluster {
+        Cluster::start_with_env(n, extra, &[]).await
+    }
+
+    /// As `start`, with extra environment variables for every broker-node process.
+    pub async fn start_with_env(n: u64, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ns_addr = format!("127.0.0.1:{}", free_port());
         let ns = Command::new(bin("nameserver"))
@@ -107,6 +119,10 @@ impl Cluster {
             ns: Some(ns),
             nodes,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             broker: "broker-a".into(),
         };
         for id in 1..=n {
@@ -157,6 +173,7 @@ impl Cluster {
             ])
             .args(&self.extra)
             .env("RUST_LOG", "info,openraft=warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

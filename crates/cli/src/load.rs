@@ -21,6 +21,10 @@ pub struct Ack {
     pub started: Instant,
     pub acked: Instant,
     pub body: String,
+    /// Where the broker said it stored the message, and whether it had seen the batch before.
+    pub queue: u32,
+    pub offset: u64,
+    pub duplicate: bool,
 }
 
 #[derive(Debug, Default)]
@@ -65,10 +69,13 @@ impl Load {
                         body.resize(size.max(body.len()), b'.');
                         let started = Instant::now();
                         match producer.send(&topic, Message::new(body)).await {
-                            Ok(_) => lock(&log).acks.push(Ack {
+                            Ok(r) => lock(&log).acks.push(Ack {
                                 started,
                                 acked: Instant::now(),
                                 body: id,
+                                queue: r.queue,
+                                offset: r.offset,
+                                duplicate: r.duplicate,
                             }),
                             Err(e) => {
                                 let mut l = lock(&log);
@@ -125,6 +132,8 @@ pub struct VerifyReport {
     pub consumed: u64,
     pub unique: usize,
     pub duplicates: u64,
+    /// Of the duplicates, how many were stored twice (two positions) rather than read twice.
+    pub stored_twice: u64,
     pub lost: usize,
     /// Read, but their send was never acknowledged.
     pub unacknowledged_stored: usize,
@@ -145,6 +154,9 @@ pub async fn verify(
         .start_from(StartFrom::Earliest)
         .build()?;
     let mut seen: HashMap<String, u32> = HashMap::new();
+    let mut first_at: HashMap<String, (String, u32, u64)> = HashMap::new();
+    let mut stored_twice = 0u64;
+    let mut twice = Vec::new();
     let mut consumed = 0u64;
     let mut found = 0usize;
     let mut last = Instant::now();
@@ -157,6 +169,21 @@ pub async fn verify(
             consumed += 1;
             let text = String::from_utf8_lossy(&m.body);
             let id = text.split(' ').next().unwrap_or_default().to_string();
+            let pos = (m.broker.clone(), m.queue, m.offset);
+            match first_at.get(&id) {
+                Some(p) if *p != pos => {
+                    stored_twice += 1;
+                    tracing::warn!(
+                        "{id} stored twice: at {p:?} and {pos:?} (this one served by {:?})",
+                        m.served_by.as_ref().map(|n| n.node_id)
+                    );
+                    twice.push((p.clone(), pos.clone()));
+                }
+                Some(p) => tracing::warn!("{id} read twice at {p:?}"),
+                None => {
+                    first_at.insert(id.clone(), pos);
+                }
+            }
             let c = seen.entry(id.clone()).or_insert(0);
             *c += 1;
             if *c == 1 && acked.contains(&id) {
@@ -165,14 +192,77 @@ pub async fn verify(
         }
     }
     let _ = consumer.close().await;
+    for (a, b) in &twice {
+        compare_nodes(nameserver, topic, a, b).await;
+    }
     let duplicates = seen.values().map(|c| u64::from(c - 1)).sum();
     Ok(VerifyReport {
         acked: acked.len(),
         consumed,
         unique: seen.len(),
         duplicates,
+        stored_twice,
         lost: acked.len() - found,
         unacknowledged_stored: seen.keys().filter(|k| !acked.contains(*k)).count(),
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Logs what every node of the group holds at two positions that carried the same message, to
+/// tell a producer-side duplicate (same on every node) from diverging replicas.
+async fn compare_nodes(
+    nameserver: &str,
+    topic: &str,
+    a: &(String, u32, u64),
+    b: &(String, u32, u64),
+) {
+    use raftmq_proto::v1::{PullRequest, broker_service_client::BrokerServiceClient};
+    let Ok(admin) = raftmq_client::Admin::connect(nameserver) else {
+        return;
+    };
+    let Ok(status) = admin.cluster_status().await else {
+        return;
+    };
+    for node in status
+        .clusters
+        .iter()
+        .flat_map(|c| c.brokers.iter())
+        .filter(|g| g.name == a.0)
+        .flat_map(|g| g.nodes.iter())
+    {
+        let Ok(mut client) = BrokerServiceClient::connect(format!("http://{}", node.address)).await
+        else {
+            continue;
+        };
+        let first = a.2.min(b.2);
+        let req = PullRequest {
+            topic: topic.to_string(),
+            queue: a.1,
+            offset: first,
+            max_messages: (a.2.max(b.2) - first + 1) as u32,
+            max_wait_ms: 0,
+            consumer_id: "diagnose".into(),
+        };
+        match client.pull(req).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                let bodies: Vec<String> = r
+                    .messages
+                    .iter()
+                    .map(|m| {
+                        let t = String::from_utf8_lossy(&m.body);
+                        format!("{}@{}", t.split(' ').next().unwrap_or_default(), m.offset)
+                    })
+                    .collect();
+                tracing::warn!(
+                    "node {} ({}) at {}/{} from {first}: {bodies:?}",
+                    node.node_id,
+                    node.role(),
+                    a.0,
+                    a.1
+                );
+            }
+            Err(e) => tracing::warn!("node {}: {e}", node.node_id),
+        }
+    }
 }

@@ -8,7 +8,12 @@
 //! linger of zero (the default) already batches under load without delaying a lone message.
 //!
 //! One batch in flight per queue keeps each key's messages in order even across retries. A batch
-//! carries `(producer_id, sequence)`; a retry reuses both, so the broker stores it once. Retries
+//! carries `(producer_id, sequence)`; a retry reuses both, so the broker stores it once. The
+//! producer id is drawn at random per (topic, queue): the broker remembers a bounded window of
+//! recent batches per producer id, and with one batch in flight per queue a retry is always the
+//! newest batch of its id — however many batches other queues acknowledged while it waited out
+//! a failover with backoff (a producer-wide id let a slow retry fall out of the window and be
+//! stored twice). Retries
 //! follow `NOT_LEADER` hints at once and back off on unavailability (see the router) until the
 //! send timeout; then every message of the batch fails with [`Error::Timeout`].
 
@@ -174,9 +179,7 @@ impl ProducerBuilder {
             done_rx,
             router: router.clone(),
             config: self.config.clone(),
-            // 0 disables idempotence on the broker, so never use it.
-            producer_id: rand::random::<u64>() | 1,
-            next_sequence: 1,
+            idempotence: HashMap::new(),
             open: HashMap::new(),
             busy: HashSet::new(),
             inflight: 0,
@@ -319,8 +322,8 @@ struct Batcher {
     done_rx: mpsc::UnboundedReceiver<(String, QueueId)>,
     router: Arc<Router>,
     config: ProducerConfig,
-    producer_id: u64,
-    next_sequence: u64,
+    /// Per (topic, queue): the producer id and the next sequence.
+    idempotence: HashMap<(String, QueueId), (u64, u64)>,
     open: HashMap<BatchKey, OpenBatch>,
     /// Queues with a batch in flight.
     busy: HashSet<(String, QueueId)>,
@@ -418,13 +421,18 @@ impl Batcher {
             };
             self.busy.insert((key.0.clone(), queue.clone()));
             self.inflight += 1;
-            let sequence = self.next_sequence;
-            self.next_sequence += 1;
+            let ids = self
+                .idempotence
+                .entry((key.0.clone(), queue.clone()))
+                // 0 disables idempotence on the broker, so never use it.
+                .or_insert_with(|| (rand::random::<u64>() | 1, 1));
+            let (producer_id, sequence) = (ids.0, ids.1);
+            ids.1 += 1;
             let job = SendJob {
                 router: self.router.clone(),
                 topic: key.0.clone(),
                 queue,
-                producer_id: self.producer_id,
+                producer_id,
                 sequence,
                 msgs: batch,
             };

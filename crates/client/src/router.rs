@@ -320,6 +320,9 @@ impl Router {
             };
             let attempt = self.policy.attempt_timeout.min(deadline - now);
             let channel = self.pool.channel(&addr)?;
+            if last != "no attempt" {
+                tracing::debug!("{rpc} to {broker}: retrying at {addr} after: {last}");
+            }
             match tokio::time::timeout(attempt, call(channel, attempt)).await {
                 Err(_) => {
                     last = format!("{addr}: no answer within {attempt:?}");

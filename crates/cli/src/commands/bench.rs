@@ -360,6 +360,14 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result
     let report = if check {
         let acked: HashSet<String> = log.acks.iter().map(|a| a.body.clone()).collect();
         eprintln!("reading back {} acknowledged messages", acked.len());
+        for a in log.acks.iter().filter(|a| a.duplicate) {
+            tracing::info!(
+                "{} acknowledged as a duplicate at {}@{}",
+                a.body,
+                a.queue,
+                a.offset
+            );
+        }
         Some(verify(&ns, topic, &acked, Duration::from_secs(10)).await?)
     } else {
         None
@@ -379,6 +387,7 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result
             json_line(&json!({
                 "bench": "failover", "kills": results.len(), "outage_ms": o, "election_ms": e,
                 "per_kill": results, "acked": log.acks.len(), "failed_sends": log.failed,
+                "acked_as_duplicate": log.acks.iter().filter(|a| a.duplicate).count(),
                 "verify": report,
             }))
         );

@@ -37,6 +37,11 @@ pub enum Command {
         queue: u32,
         offset: u64,
     },
+    /// Retention: every message stored at or below this log index is dropped from the queues; each
+    /// node then purges its log up to it.
+    Trim {
+        upto_log_index: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -62,6 +62,31 @@ impl Default for ReadHintConfig {
     }
 }
 
+/// Retention by age and disk watermarks (DESIGN.md "Storage").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Retention {
+    /// Sealed log segments older than this are deleted (with the messages in them).
+    pub max_age_secs: u64,
+    /// Above this share of the data disk in use, the oldest segments are deleted early.
+    pub clean_watermark_pct: u8,
+    /// Above this share, sends are refused with DISK_FULL.
+    pub full_watermark_pct: u8,
+    /// How often the leader checks.
+    pub check_interval_ms: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            max_age_secs: 72 * 3600,
+            clean_watermark_pct: 75,
+            full_watermark_pct: 90,
+            check_interval_ms: 10_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -80,6 +105,7 @@ pub struct Config {
     pub raft: RaftConfig,
     pub limits: Limits,
     pub read_hint: ReadHintConfig,
+    pub retention: Retention,
 }
 
 impl Default for Config {
@@ -98,6 +124,7 @@ impl Default for Config {
             raft: RaftConfig::default(),
             limits: Limits::default(),
             read_hint: ReadHintConfig::default(),
+            retention: Retention::default(),
         }
     }
 }
@@ -252,6 +279,25 @@ impl Config {
         if l.inflight_sends_max == 0 {
             return Err(invalid("limits.inflight_sends_max", "must be at least 1"));
         }
+        let r = &self.retention;
+        if r.max_age_secs == 0 {
+            return Err(invalid("retention.max_age_secs", "must be at least 1"));
+        }
+        if !(r.clean_watermark_pct < r.full_watermark_pct && r.full_watermark_pct <= 100) {
+            return Err(invalid(
+                "retention.full_watermark_pct",
+                format!(
+                    "must exceed clean_watermark_pct ({}) and be at most 100",
+                    r.clean_watermark_pct
+                ),
+            ));
+        }
+        if r.check_interval_ms < 100 {
+            return Err(invalid(
+                "retention.check_interval_ms",
+                "must be at least 100",
+            ));
+        }
         if self.read_hint.leader_busy_msgs_per_sec.is_nan()
             || self.read_hint.leader_busy_msgs_per_sec < 0.0
         {
@@ -402,5 +448,6 @@ mod tests {
         assert_eq!(c.raft, RaftConfig::default());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.read_hint, ReadHintConfig::default());
+        assert_eq!(c.retention, Retention::default());
     }
 }

@@ -6,6 +6,7 @@
 //! - [`service`]: the public `BrokerService` and the `AdminService`, errors mapped to stable codes.
 //! - [`hint`]: the read hint, a pure decision.
 //! - [`register`]: registration with every nameserver.
+//! - [`retention`]: retention by age and disk watermarks (trim, compaction, DISK_FULL).
 //! - [`node`]: the running node (member, load rates, consumer-group membership).
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -17,6 +18,7 @@ pub mod hint;
 pub mod metrics;
 pub mod node;
 pub mod register;
+pub mod retention;
 pub mod service;
 pub mod state;
 
@@ -63,6 +65,7 @@ pub async fn serve(
     let node = node::Node::new(cfg, address, member);
     metrics::spawn_sampler(&node);
     register::spawn(node.clone());
+    retention::spawn(node.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

@@ -2,7 +2,7 @@
 //! consumer-group membership (kept on the leader, refreshed by heartbeats).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,8 @@ pub struct Node {
     pub produced: Rate,
     pub pulled: Rate,
     pub groups: Mutex<HashMap<String, BTreeMap<String, Instant>>>,
+    /// Set by the retention task when the data disk is above the full watermark.
+    pub disk_full: AtomicBool,
 }
 
 impl Node {
@@ -62,6 +64,7 @@ impl Node {
             produced: Rate::default(),
             pulled: Rate::default(),
             groups: Mutex::new(HashMap::new()),
+            disk_full: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {

@@ -268,6 +268,11 @@ impl Broker {
                 want = want.saturating_sub(end - o);
                 o = end;
             }
+            // An offset below every indexed run was not replicated to this node (it installed a
+            // snapshot past it): the leader holds it.
+            if out.is_empty() && offset < q.next_offset {
+                return Ok((Vec::new(), true));
+            }
             out
         };
         let mut msgs = Vec::new();
@@ -384,14 +389,27 @@ impl BrokerService for Broker {
                 ..Default::default()
             }))
         };
+        // Leadership first: a follower that has not yet applied a new topic must redirect the
+        // producer, not tell it the topic does not exist.
         if let Some(err) = self
-            .check_topic(&req.topic, req.queue)
+            .require_leader()
+            .or_else(|| self.check_topic(&req.topic, req.queue))
             .or_else(|| self.check_send(&req))
         {
             return fail(Some(err));
         }
-        if let Some(err) = self.require_leader() {
-            return fail(Some(err));
+        if self
+            .node
+            .disk_full
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return fail(e(
+                ErrorCode::DiskFull,
+                format!(
+                    "the leader's data disk is above {}% full; sends resume once retention frees space",
+                    self.node.cfg.retention.full_watermark_pct
+                ),
+            ));
         }
         let Ok(_permit) = self.node.inflight.clone().try_acquire_owned() else {
             return fail(e(
@@ -575,8 +593,8 @@ impl BrokerService for Broker {
             return fail(e(ErrorCode::InvalidArgument, m));
         }
         if let Some(err) = self
-            .check_topic(&req.topic, req.queue)
-            .or_else(|| self.require_leader())
+            .require_leader()
+            .or_else(|| self.check_topic(&req.topic, req.queue))
         {
             return fail(Some(err));
         }

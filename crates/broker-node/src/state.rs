@@ -33,6 +33,9 @@ pub struct QueueState {
     /// The lowest offset still served (raised by retention).
     pub min_offset: u64,
     pub next_offset: u64,
+    /// The consume-queue index. Not in snapshots: a snapshot is taken at a checkpoint at or below
+    /// the retention point, and every retained entry after it is re-applied (on restart) or
+    /// replicated (to a peer that installed it), which rebuilds the runs.
     #[serde(skip)]
     pub runs: Vec<Run>,
 }
@@ -72,6 +75,8 @@ pub struct BrokerState {
     /// Bumped on every topic change, so registration can tell.
     pub topic_version: u64,
     pub messages_total: u64,
+    /// Retention point: entries at or below it are dropped from the queues and purged from logs.
+    pub trimmed_index: u64,
 }
 
 impl BrokerState {
@@ -174,6 +179,25 @@ impl BrokerState {
                     duplicate: false,
                 }
             }
+            Command::Trim { upto_log_index } => {
+                if upto_log_index <= self.trimmed_index {
+                    return Reply::Ok;
+                }
+                self.trimmed_index = upto_log_index;
+                for t in self.topics.values_mut() {
+                    for q in &mut t.queues {
+                        let keep = q.runs.partition_point(|r| r.log_index <= upto_log_index);
+                        q.runs.drain(..keep);
+                        let first = q
+                            .runs
+                            .first()
+                            .map(|r| r.first_offset)
+                            .unwrap_or(q.next_offset);
+                        q.min_offset = q.min_offset.max(first);
+                    }
+                }
+                Reply::Ok
+            }
             Command::CommitOffset {
                 group,
                 topic,
@@ -231,12 +255,6 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     fn restore(&mut self, data: &[u8]) -> std::io::Result<()> {
         let mut s: BrokerState = postcard::from_bytes(data)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        // Messages before a snapshot are not indexed here; serve from where the queue stood.
-        for t in s.topics.values_mut() {
-            for q in &mut t.queues {
-                q.min_offset = q.next_offset;
-            }
-        }
         s.topic_version += 1;
         *self = s;
         Ok(())
@@ -410,5 +428,54 @@ mod tests {
                 ..
             }
         ));
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+    use crate::command::StoredBody;
+    use raftmq_raft_log::StateMachine;
+
+    #[test]
+    fn trim_drops_runs_at_or_below_the_index_and_raises_min_offset() {
+        let mut st = BrokerState::default();
+        st.apply(
+            1,
+            1,
+            &Command::CreateTopic {
+                name: "t".into(),
+                queues: 1,
+                update: false,
+            }
+            .encode(),
+        );
+        for i in 2..=5u64 {
+            let cmd = Command::Send {
+                topic: "t".into(),
+                queue: 0,
+                producer_id: 0,
+                sequence: 0,
+                timestamp_ms: 0,
+                messages: vec![
+                    StoredBody {
+                        key: String::new(),
+                        tag: String::new(),
+                        body: vec![1],
+                        properties: vec![]
+                    };
+                    2
+                ],
+            };
+            st.apply(i, 1, &cmd.encode());
+        }
+        st.apply(6, 1, &Command::Trim { upto_log_index: 3 }.encode());
+        let q = st.queue("t", 0).unwrap();
+        assert_eq!((q.min_offset, q.next_offset), (4, 8));
+        assert_eq!(q.find(3), None);
+        assert_eq!(q.find(4).map(|r| r.log_index), Some(4));
+        // An older trim point changes nothing.
+        st.apply(7, 1, &Command::Trim { upto_log_index: 2 }.encode());
+        assert_eq!(st.queue("t", 0).unwrap().min_offset, 4);
     }
 }

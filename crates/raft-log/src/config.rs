@@ -31,6 +31,7 @@ pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 << 20;
 pub const SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 pub const MAX_PAYLOAD_ENTRIES_DEFAULT: u64 = 256;
+pub const CHECKPOINT_EVERY_ENTRIES_DEFAULT: u64 = 1024;
 
 /// Knobs of the replicated log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +49,9 @@ pub struct RaftConfig {
     pub max_payload_entries: u64,
     /// Optional shared secret that every peer request must carry.
     pub peer_secret: Option<String>,
+    /// The state is checkpointed at every multiple of this log index; retention snapshots and
+    /// purges at the newest checkpoint below its trim point.
+    pub checkpoint_every_entries: u64,
 }
 
 impl Default for RaftConfig {
@@ -62,6 +66,7 @@ impl Default for RaftConfig {
             snapshot_timeout_ms: SNAPSHOT_TIMEOUT_MS_DEFAULT,
             max_payload_entries: MAX_PAYLOAD_ENTRIES_DEFAULT,
             peer_secret: None,
+            checkpoint_every_entries: CHECKPOINT_EVERY_ENTRIES_DEFAULT,
         }
     }
 }
@@ -103,6 +108,9 @@ impl RaftConfig {
         }
         if self.snapshot_timeout_ms < 1000 {
             return err("raft.snapshot_timeout_ms", "must be at least 1000".into());
+        }
+        if self.checkpoint_every_entries == 0 {
+            return err("raft.checkpoint_every_entries", "must be at least 1".into());
         }
         if self.max_payload_entries == 0 {
             return err("raft.max_payload_entries", "must be at least 1".into());

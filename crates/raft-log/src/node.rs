@@ -80,6 +80,8 @@ pub struct Status {
     pub committed: u64,
     pub applied: u64,
     pub purged: u64,
+    /// Last log index covered by this member's snapshot (0 = none).
+    pub snapshot: u64,
     pub voters: BTreeSet<u64>,
     pub learners: BTreeSet<u64>,
     pub addresses: BTreeMap<u64, String>,
@@ -139,8 +141,12 @@ impl<S: StateMachine> Member<S> {
             tracing::warn!(?recovery, "log recovery cut damaged or unsynced records");
         }
         let reader = store.reader();
-        let (adapter, shared) = Adapter::new(sm, &cfg.data_dir.join("sm"))
-            .map_err(|e| Error::io("open snapshots", e))?;
+        let (adapter, shared) = Adapter::new(
+            sm,
+            &cfg.data_dir.join("sm"),
+            cfg.raft.checkpoint_every_entries,
+        )
+        .map_err(|e| Error::io("open snapshots", e))?;
         let me = Identity {
             cluster: cfg.cluster.clone(),
             broker: cfg.broker.clone(),
@@ -265,6 +271,58 @@ impl<S: StateMachine> Member<S> {
         self.store.disk_bytes()
     }
 
+    /// (first index, last index, bytes, modified time) of every sealed segment, oldest first.
+    pub fn sealed_segments(&self) -> Vec<(u64, u64, u64, Option<std::time::SystemTime>)> {
+        self.store.sealed_segments()
+    }
+
+    /// Drops this member's log up to and including `upto`: takes a snapshot of the state (which
+    /// covers `upto` once it is applied), then asks openraft to purge. Whole segments at or below
+    /// the purge point are deleted; openraft may delay the purge while a replication still reads
+    /// them. A member whose log was purged catches a far-behind peer up with the snapshot.
+    pub async fn compact(&self, upto: u64) -> Result<(), ProposeError> {
+        let st = self.status();
+        if st.applied < upto {
+            return Err(ProposeError::Invalid(format!(
+                "cannot compact to {upto}: only {} applied",
+                st.applied
+            )));
+        }
+        // The snapshot is the newest state checkpoint at or below `upto`; the log is purged to it.
+        // openraft ignores a trigger while a build runs and keeps a newer snapshot it already has,
+        // so wait a little for the metrics to move, then purge to whatever snapshot there is.
+        let before = st.snapshot;
+        if before < upto {
+            self.shared
+                .target
+                .store(upto, std::sync::atomic::Ordering::Relaxed);
+            self.raft
+                .trigger()
+                .snapshot()
+                .await
+                .map_err(|e| ProposeError::Fatal(e.to_string()))?;
+            let mut w = self.watch();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while w.borrow().snapshot <= before {
+                if tokio::time::timeout_at(deadline, w.changed())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        let snapshot = self.status().snapshot.min(upto);
+        if snapshot == 0 {
+            return Ok(());
+        }
+        self.raft
+            .trigger()
+            .purge_log(snapshot)
+            .await
+            .map_err(|e| ProposeError::Fatal(e.to_string()))
+    }
+
     /// Asks the leader to hand leadership to `to`. Only a caught-up member can take it.
     pub async fn transfer_leader(&self, to: u64) -> Result<(), ProposeError> {
         let st = self.status();
@@ -355,6 +413,7 @@ fn initial_status(node_id: u64) -> Status {
         committed: 0,
         applied: 0,
         purged: 0,
+        snapshot: 0,
         voters: BTreeSet::new(),
         learners: BTreeSet::new(),
         addresses: BTreeMap::new(),
@@ -428,6 +487,7 @@ fn spawn_status_task<S: StateMachine>(
                 committed: m.local_committed.map(|l| l.index).unwrap_or(0),
                 applied: m.last_applied.map(|l| l.index).unwrap_or(0),
                 purged: m.purged.map(|l| l.index).unwrap_or(0),
+                snapshot: m.snapshot.map(|l| l.index).unwrap_or(0),
                 voters,
                 learners,
                 addresses,

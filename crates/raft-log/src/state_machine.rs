@@ -39,7 +39,7 @@ pub type Snapshot = openraft::storage::Snapshot<
     Vec<u8>,
 >;
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta,
     data: Vec<u8>,
@@ -51,7 +51,18 @@ pub struct Shared<S> {
     applied: Mutex<(Option<LogId>, StoredMembership)>,
     snapshot_path: PathBuf,
     current: Mutex<Option<SnapshotFile>>,
+    /// Checkpoints of the state taken at every multiple of `RaftConfig::checkpoint_every_entries` while applying,
+    /// keyed by log index. A snapshot is the newest checkpoint at or below the compaction target,
+    /// so a peer that installs it replicates every entry the log still retains after it.
+    checkpoints: Mutex<std::collections::BTreeMap<u64, SnapshotFile>>,
+    /// The index compaction wants a snapshot for (set by `Member::compact`).
+    pub(crate) target: std::sync::atomic::AtomicU64,
+    /// Apply takes a checkpoint of the (small) state at every multiple of this log index.
+    checkpoint_every: u64,
 }
+
+/// Checkpoints kept in memory; past it every other one is dropped (the oldest stay reachable).
+const CHECKPOINTS_MAX: usize = 256;
 
 impl<S> Shared<S> {
     pub fn last_applied(&self) -> Option<LogId> {
@@ -64,7 +75,11 @@ pub struct Adapter<S> {
 }
 
 impl<S: StateMachine> Adapter<S> {
-    pub fn new(sm: S, dir: &Path) -> io::Result<(Adapter<S>, Arc<Shared<S>>)> {
+    pub fn new(
+        sm: S,
+        dir: &Path,
+        checkpoint_every: u64,
+    ) -> io::Result<(Adapter<S>, Arc<Shared<S>>)> {
         std::fs::create_dir_all(dir)?;
         let snapshot_path = dir.join("snapshot.bin");
         let current = match std::fs::read(&snapshot_path) {
@@ -82,6 +97,9 @@ impl<S: StateMachine> Adapter<S> {
             applied: Mutex::new((None, StoredMembership::default())),
             snapshot_path,
             current: Mutex::new(current),
+            checkpoints: Mutex::new(std::collections::BTreeMap::new()),
+            target: std::sync::atomic::AtomicU64::new(0),
+            checkpoint_every: checkpoint_every.max(1),
         });
         Ok((
             Adapter {
@@ -118,25 +136,47 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for Builder<S> {
     type SnapshotData = Vec<u8>;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        // Hold the state lock while reading both, so the data matches `last_log_id`.
-        let sm = self.shared.sm.read().map_err(|_| lock_err())?;
-        let (last, membership) = self.shared.applied.lock().map_err(|_| lock_err())?.clone();
-        let data = sm.snapshot();
-        drop(sm);
-        let meta = SnapshotMeta {
-            last_log_id: last,
-            last_membership: membership,
+        let target = self
+            .shared
+            .target
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let file = {
+            let mut cps = self.shared.checkpoints.lock().map_err(|_| lock_err())?;
+            let key = cps.range(..=target).next_back().map(|(k, _)| *k);
+            match key {
+                Some(k) => {
+                    // Older checkpoints are of no further use once this one is the snapshot.
+                    let keep = cps.split_off(&k);
+                    *cps = keep;
+                    cps.get(&k).cloned()
+                }
+                None => None,
+            }
         };
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data: data.clone(),
+        let file = match file {
+            Some(f) => f,
+            // No checkpoint covers the target (nothing applied that far yet, or a forced build):
+            // the state as of the last applied entry.
+            None => {
+                let sm = self.shared.sm.read().map_err(|_| lock_err())?;
+                let (last, membership) =
+                    self.shared.applied.lock().map_err(|_| lock_err())?.clone();
+                SnapshotFile {
+                    meta: SnapshotMeta {
+                        last_log_id: last,
+                        last_membership: membership,
+                    },
+                    data: sm.snapshot(),
+                }
+            }
         };
         self.shared.persist(&file)?;
+        let snap = Snapshot {
+            meta: file.meta.clone(),
+            snapshot: file.data.clone(),
+        };
         *self.shared.current.lock().map_err(|_| lock_err())? = Some(file);
-        Ok(Snapshot {
-            meta,
-            snapshot: data,
-        })
+        Ok(snap)
     }
 }
 
@@ -174,6 +214,34 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
                     }
                 }
             };
+            if log_id.index > 0 && log_id.index % self.shared.checkpoint_every == 0 {
+                let sm = self.shared.sm.read().map_err(|_| lock_err())?;
+                let membership = self
+                    .shared
+                    .applied
+                    .lock()
+                    .map_err(|_| lock_err())?
+                    .1
+                    .clone();
+                let cp = SnapshotFile {
+                    meta: SnapshotMeta {
+                        last_log_id: Some(log_id),
+                        last_membership: membership,
+                    },
+                    data: sm.snapshot(),
+                };
+                drop(sm);
+                let mut cps = self.shared.checkpoints.lock().map_err(|_| lock_err())?;
+                cps.insert(log_id.index, cp);
+                if cps.len() > CHECKPOINTS_MAX {
+                    let keys: Vec<u64> = cps.keys().copied().collect();
+                    for (i, k) in keys.iter().enumerate() {
+                        if i % 2 == 1 && i + 1 < keys.len() {
+                            cps.remove(k);
+                        }
+                    }
+                }
+            }
             // Every responder is answered, or the proposer would wait forever.
             if let Some(r) = responder {
                 r.send(Payload(reply));

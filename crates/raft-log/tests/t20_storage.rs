@@ -43,7 +43,7 @@ impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<Nop>, te
             .open()
             .unwrap();
         let store = open(dir.path(), &db);
-        let (sm, _) = Adapter::new(Nop, &dir.path().join("sm")).unwrap();
+        let (sm, _) = Adapter::new(Nop, &dir.path().join("sm"), 1024).unwrap();
         Ok((dir, store, sm))
     }
 }

@@ -199,8 +199,11 @@ impl LogStore {
             let need_roll = match g.segments.values().next_back() {
                 None => true,
                 Some(s) => {
-                    s.len() + buf.len() as u64 >= g.segment_bytes_max
-                        && (s.count() > 0 || !buf.is_empty())
+                    (s.len() + buf.len() as u64 >= g.segment_bytes_max
+                        && (s.count() > 0 || !buf.is_empty()))
+                        // After a snapshot install the log goes on past the active segment's end:
+                        // start a new segment there, so a segment's indexes stay dense.
+                        || (buf.is_empty() && s.next_index() != id.index)
                 }
             };
             if need_roll {

@@ -31,7 +31,6 @@ use raftmq_proto::v1::admin_service_server::AdminServiceServer;
 use raftmq_proto::v1::broker_service_server::BrokerServiceServer;
 use raftmq_raft_log::{Member, MemberConfig};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
 pub use config::{Args, Config};
@@ -106,7 +105,10 @@ pub async fn serve(
         .initial_stream_window_size(8 << 20)
         .initial_connection_window_size(16 << 20)
         .add_routes(Routes::from(router))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            raftmq_raft_log::network::incoming_nodelay(listener),
+            shutdown,
+        )
         .await?;
     node.member.shutdown().await;
     Ok(())

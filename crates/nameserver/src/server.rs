@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use axum::routing::get;
 use raftmq_proto::v1::nameserver_service_server::NameserverServiceServer;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
@@ -127,7 +128,16 @@ impl Server {
         let result = tonic::transport::Server::builder()
             .accept_http1(true)
             .add_routes(Routes::from(router))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .serve_with_incoming_shutdown(
+                // tonic ignores tcp_nodelay for a stream of accepted sockets: set it on each.
+                TcpListenerStream::new(listener).map(|s| {
+                    if let Ok(s) = &s {
+                        let _ = s.set_nodelay(true);
+                    }
+                    s
+                }),
+                shutdown,
+            )
             .await;
         expiry_task.abort();
         tracing::info!("nameserver stopped");

@@ -124,9 +124,7 @@ impl LocalGroup {
                 tokio::spawn(async move {
                     let _ = tonic::transport::Server::builder()
                         .add_service(svc)
-                        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
-                            listener,
-                        ))
+                        .serve_with_incoming(crate::network::incoming_nodelay(listener))
                         .await;
                 });
                 member

@@ -96,7 +96,14 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ns_addr = format!("127.0.0.1:{}", free_port());
         let ns = Command::new(bin("nameserver"))
-            .args(["--listen", &ns_addr, "--expiry-secs", "3"])
+            .args([
+                "--listen",
+                &ns_addr,
+                "--expiry-secs",
+                "3",
+                "--scan-interval-ms",
+                "500",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -4,6 +4,17 @@
 //! lost, changed, duplicated, reordered or invented. Fixed seeds keep the run short and repeatable;
 //! the `soak` binary runs the same scenarios with random faults for as long as asked.
 //!
+//! Known open bugs this checker found (see the ignored tests for A and B):
+//! - C (power loss): with `simulate_power_loss`, a node that cannot replay its log below the
+//!   persisted commit index refuses to start (as in B). The seam itself writes `<segment>.durable`
+//!   with `fs::write` (truncate, then write): a SIGKILL in between leaves it empty and the seam
+//!   then drops the whole segment, fsynced bytes included; `history::power_loss` leaves such a
+//!   segment whole and says so ("TORN record") until raft-log writes the record atomically.
+//! - D (power loss, intermittent): after power-loss faults one node's state machine sometimes lacks
+//!   one `Send` entry that the other two applied (e.g. soak seed 44: queue 0 offset 102 is log
+//!   index 186 on nodes 2 and 3, index 188 on node 1, and every later offset is shifted by one).
+//!   `t32` and `t33` can therefore fail now and then with `DIVERGENT`; that is the bug, not noise.
+//!
 //! A failure prints the seed and the part of the history that shows it. Rerun one seed longer with
 //! `cargo run --release -p raftmq-tests --bin soak -- --seed SEED --duration-secs 60`.
 

@@ -416,7 +416,7 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     // A paused follower is never suggested once it has been silent for an election timeout.
     let paused = *followers.iter().next().unwrap();
     c.pause(paused);
-    tokio::time::sleep(Duration::from_millis(800)).await; // past the 450 ms election timeout: the condition under test
+    tokio::time::sleep(Duration::from_millis(800)).await; // past the 350 ms election timeout: the condition under test
     for round in 0..5 {
         let SendOutcome::Acked(_) = p
             .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))

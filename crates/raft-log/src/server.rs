@@ -25,6 +25,16 @@ pub struct PeerServer<S: crate::StateMachine> {
 }
 
 impl<S: crate::StateMachine> PeerServer<S> {
+    /// Checks the header and decodes the payload of a unary peer request.
+    fn admit<T: serde::de::DeserializeOwned>(
+        &self,
+        req: Request<RaftRequest>,
+    ) -> Result<T, String> {
+        let req = req.into_inner();
+        self.check(req.header.as_ref())?;
+        decode(&req.payload)
+    }
+
     fn check(&self, h: Option<&PeerHeader>) -> Result<(), String> {
         let h = h.ok_or("missing peer header")?;
         if h.cluster != self.me.cluster || h.broker != self.me.broker {
@@ -77,12 +87,8 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = req.into_inner();
-        if let Err(e) = self.check(req.header.as_ref()) {
-            return refused(e);
-        }
-        let rpc = match decode(&req.payload) {
-            Ok(r) => r,
+        let rpc = match self.admit(req) {
+            Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
         self.last_append_ms.store(
@@ -93,39 +99,30 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let req = req.into_inner();
-        if let Err(e) = self.check(req.header.as_ref()) {
-            return refused(e);
-        }
-        match decode(&req.payload) {
-            Ok(rpc) => reply(self.raft.vote(rpc).await),
-            Err(e) => refused(e),
-        }
+        let rpc = match self.admit(req) {
+            Ok(rpc) => rpc,
+            Err(e) => return refused(e),
+        };
+        reply(self.raft.vote(rpc).await)
     }
 
     async fn pre_vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let req = req.into_inner();
-        if let Err(e) = self.check(req.header.as_ref()) {
-            return refused(e);
-        }
-        match decode(&req.payload) {
-            Ok(rpc) => reply(self.raft.pre_vote(rpc).await),
-            Err(e) => refused(e),
-        }
+        let rpc = match self.admit(req) {
+            Ok(rpc) => rpc,
+            Err(e) => return refused(e),
+        };
+        reply(self.raft.pre_vote(rpc).await)
     }
 
     async fn transfer_leader(
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = req.into_inner();
-        if let Err(e) = self.check(req.header.as_ref()) {
-            return refused(e);
-        }
-        match decode(&req.payload) {
-            Ok(rpc) => reply(self.raft.handle_transfer_leader(rpc).await),
-            Err(e) => refused(e),
-        }
+        let rpc = match self.admit(req) {
+            Ok(rpc) => rpc,
+            Err(e) => return refused(e),
+        };
+        reply(self.raft.handle_transfer_leader(rpc).await)
     }
 
     async fn install_snapshot(

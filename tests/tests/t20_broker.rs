@@ -698,3 +698,22 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
         offset = r.next_offset;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t28_preferred_leader_takes_leadership_back_once_caught_up() {
+    async fn until_leader_is(c: &Cluster, want: u64) {
+        wait_for(
+            "the preferred node leads",
+            Duration::from_secs(20),
+            || async { (c.leader().await == want).then_some(()) },
+        )
+        .await
+    }
+    let mut c = Cluster::start(3, &["--preferred-leader", "2"]).await;
+    until_leader_is(&c, 2).await;
+    c.kill(2);
+    let other = c.leader().await;
+    assert_ne!(other, 2);
+    c.spawn(2);
+    until_leader_is(&c, 2).await;
+}

@@ -102,6 +102,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub register_interval_ms: u64,
     pub log_json: bool,
+    /// DLedger's preferredLeaderId: the leader hands leadership to this node whenever it is a
+    /// caught-up, reachable voter. Unset: no preference.
+    pub preferred_leader: Option<u64>,
     pub raft: RaftConfig,
     pub limits: Limits,
     pub read_hint: ReadHintConfig,
@@ -121,6 +124,7 @@ impl Default for Config {
             data_dir: PathBuf::from("/var/lib/raftmq"),
             register_interval_ms: 30_000,
             log_json: false,
+            preferred_leader: None,
             raft: RaftConfig::default(),
             limits: Limits::default(),
             read_hint: ReadHintConfig::default(),
@@ -256,6 +260,15 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must be set"));
         }
+        if let Some(p) = self.preferred_leader
+            && !peers.is_empty()
+            && !peers.contains_key(&p)
+        {
+            return Err(invalid(
+                "preferred_leader",
+                format!("node {p} is not among the peers"),
+            ));
+        }
         if self.register_interval_ms < 100 {
             return Err(invalid("register_interval_ms", "must be at least 100"));
         }
@@ -342,6 +355,9 @@ pub struct Args {
     /// Produced msgs/s above which the leader redirects reads to followers.
     #[arg(long, env = "RAFTMQ_LEADER_BUSY_MSGS_PER_SEC")]
     pub leader_busy_msgs_per_sec: Option<f64>,
+    /// Hand leadership to this node whenever it is caught up (DLedger's preferredLeaderId).
+    #[arg(long, env = "RAFTMQ_PREFERRED_LEADER")]
+    pub preferred_leader: Option<u64>,
     /// UNSAFE flush mode for benchmarks only: acknowledge before fsync (loses data on power loss).
     #[arg(long, env = "RAFTMQ_FLUSH_MODE")]
     pub flush_mode: Option<String>,
@@ -379,6 +395,9 @@ impl Args {
         }
         if let Some(v) = self.register_interval_ms {
             c.register_interval_ms = v;
+        }
+        if let Some(v) = self.preferred_leader {
+            c.preferred_leader = Some(v);
         }
         if let Some(v) = self.leader_busy_msgs_per_sec {
             c.read_hint.leader_busy_msgs_per_sec = v;

@@ -7,6 +7,7 @@
 //! - [`hint`]: the read hint, a pure decision.
 //! - [`register`]: registration with every nameserver.
 //! - [`retention`]: retention by age and disk watermarks (trim, compaction, DISK_FULL).
+//! - [`preferred`]: the preferred leader (DLedger's preferredLeaderId).
 //! - [`node`]: the running node (member, load rates, consumer-group membership).
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -17,6 +18,7 @@ pub mod config;
 pub mod hint;
 pub mod metrics;
 pub mod node;
+pub mod preferred;
 pub mod register;
 pub mod retention;
 pub mod service;
@@ -65,6 +67,7 @@ pub async fn serve(
     metrics::spawn_sampler(&node);
     register::spawn(node.clone());
     retention::spawn(node.clone());
+    preferred::spawn(node.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter

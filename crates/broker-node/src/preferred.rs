@@ -1,0 +1,106 @@
+//! The preferred leader (DLedger's `preferredLeaderId`): while another node leads, the leader hands
+//! leadership to the preferred node as soon as it is a voter that has caught up with the leader's
+//! log and answered within the election timeout. Checked on the leader twice a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftmq_raft_log::{Role, Status};
+
+use crate::node::Node;
+
+/// Whether the leader should hand over to `preferred` now.
+pub fn should_transfer(st: &Status, preferred: u64, election_timeout_ms: u64) -> bool {
+    st.role == Role::Leader
+        && st.node_id != preferred
+        && st.voters.contains(&preferred)
+        && st.peers.iter().any(|p| {
+            p.node_id == preferred
+                && p.lag == 0
+                && p.last_ack_ms.is_some_and(|ms| ms < election_timeout_ms)
+        })
+}
+
+pub fn spawn(node: Arc<Node>) {
+    let Some(preferred) = node.cfg.preferred_leader else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let st = node.member.status();
+            if should_transfer(&st, preferred, node.election_timeout_ms()) {
+                tracing::info!(to = preferred, "handing leadership to the preferred leader");
+                if let Err(e) = node.member.transfer_leader(preferred).await {
+                    tracing::debug!(error = %e, "preferred-leader transfer not done; will retry");
+                }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raftmq_raft_log::PeerProgress;
+
+    fn status(role: Role, me: u64, lag: u64, ack: Option<u64>) -> Status {
+        Status {
+            node_id: me,
+            role,
+            term: 3,
+            leader: Some(me),
+            last_log_index: 10,
+            committed: 10,
+            applied: 10,
+            purged: 0,
+            snapshot: 0,
+            voters: [1, 2, 3].into(),
+            learners: Default::default(),
+            addresses: Default::default(),
+            peers: vec![PeerProgress {
+                node_id: 2,
+                address: String::new(),
+                voter: true,
+                matched: Some(10 - lag),
+                lag,
+                last_ack_ms: ack,
+            }],
+            millis_since_leader_contact: Some(0),
+        }
+    }
+
+    #[test]
+    fn hands_over_only_to_a_caught_up_reachable_preferred_voter() {
+        assert!(should_transfer(
+            &status(Role::Leader, 1, 0, Some(20)),
+            2,
+            350
+        ));
+        assert!(
+            !should_transfer(&status(Role::Leader, 1, 5, Some(20)), 2, 350),
+            "lagging"
+        );
+        assert!(
+            !should_transfer(&status(Role::Leader, 1, 0, Some(900)), 2, 350),
+            "silent"
+        );
+        assert!(
+            !should_transfer(&status(Role::Leader, 1, 0, None), 2, 350),
+            "never answered"
+        );
+        assert!(
+            !should_transfer(&status(Role::Follower, 1, 0, Some(20)), 2, 350),
+            "not the leader"
+        );
+        assert!(
+            !should_transfer(&status(Role::Leader, 2, 0, Some(20)), 2, 350),
+            "already preferred"
+        );
+        assert!(
+            !should_transfer(&status(Role::Leader, 1, 0, Some(20)), 4, 350),
+            "not a voter"
+        );
+    }
+}

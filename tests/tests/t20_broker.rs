@@ -717,3 +717,65 @@ async fn t28_preferred_leader_takes_leadership_back_once_caught_up() {
     c.spawn(2);
     until_leader_is(&c, 2).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit() {
+    let mut c = Cluster::start(3, &[]).await;
+    create_topic(&c).await;
+    let old = c.leader().await;
+    let old_addr = c.nodes[&old].addr.clone();
+    c.pause(old);
+    // A send to the paused leader waits in its socket while the others elect a new leader.
+    let stale = tokio::spawn(async move {
+        let mut cl = connect(&old_addr).await;
+        let req = SendRequest {
+            topic: TOPIC.into(),
+            queue: 0,
+            messages: vec![Message {
+                body: b"to-the-paused-leader".to_vec(),
+                ..Default::default()
+            }],
+            producer_id: 77,
+            sequence: 1,
+        };
+        cl.send(req).await.map(|r| r.into_inner())
+    });
+    let new = c.leader().await;
+    assert_ne!(new, old);
+    let mut p = TestProducer::new(78, vec![c.nodes[&new].addr.clone()]);
+    let mut acked = BTreeMap::new();
+    for i in 0..10u32 {
+        let body = format!("new-{i}").into_bytes();
+        let SendOutcome::Acked(r) = p
+            .send(TOPIC, 0, vec![body.clone()], Duration::from_secs(10))
+            .await
+        else {
+            panic!("the new leader does not acknowledge")
+        };
+        acked.insert((0, r.results[0].offset), body);
+    }
+    c.resume(old);
+    wait_for(
+        "the old leader steps down",
+        Duration::from_secs(10),
+        || async { (c.status(old).await?.role == "follower").then_some(()) },
+    )
+    .await;
+    // Whatever the paused leader answered, it acknowledged nothing the group did not commit.
+    if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(10), stale)
+        .await
+        .map(|j| j.unwrap())
+    {
+        if code(&r.error) == ErrorCode::Ok {
+            acked.insert((0, r.results[0].offset), b"to-the-paused-leader".to_vec());
+        }
+    }
+    let target = c.status(new).await.unwrap().committed;
+    wait_for(
+        "the old leader converges",
+        Duration::from_secs(10),
+        || async { (c.status(old).await?.applied >= target).then_some(()) },
+    )
+    .await;
+    check_everywhere(&c, &acked).await;
+}

@@ -765,10 +765,9 @@ async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit(
     if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(10), stale)
         .await
         .map(|j| j.unwrap())
+        && code(&r.error) == ErrorCode::Ok
     {
-        if code(&r.error) == ErrorCode::Ok {
-            acked.insert((0, r.results[0].offset), b"to-the-paused-leader".to_vec());
-        }
+        acked.insert((0, r.results[0].offset), b"to-the-paused-leader".to_vec());
     }
     let target = c.status(new).await.unwrap().committed;
     wait_for(

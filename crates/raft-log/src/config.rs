@@ -131,6 +131,9 @@ impl RaftConfig {
             // Messages live in the log: openraft must never purge it on its own; retention decides.
             snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: u64::MAX,
+            // A follower whose data dir was wiped comes back with a shorter log than the leader
+            // last matched; without this the leader's Raft core panics on it.
+            allow_log_reversion: Some(true),
             ..Default::default()
         };
         c.validate().map_err(|e| ConfigError {

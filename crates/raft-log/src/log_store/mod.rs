@@ -96,11 +96,15 @@ impl LogStore {
         let mut segments = BTreeMap::new();
         let mut expect_next: Option<u64> = None;
         let mut damaged = false;
+        // Entries at or below the purge point are gone for good; a gap up to it is no hole.
+        let purged_next = purged.map(|p| p.index + 1).unwrap_or(0);
         for (i, (first, path)) in firsts.iter().enumerate() {
-            if damaged || expect_next.is_some_and(|n| n != *first) {
+            let gap = expect_next.is_some_and(|n| *first > n && *first > purged_next);
+            if damaged || gap || expect_next.is_some_and(|n| *first < n) {
                 // Everything after a damaged record, or after a gap, cannot be trusted to be dense.
                 tracing::error!(path = %path.display(), "removing log segment after a damaged record or gap");
                 std::fs::remove_file(path)?;
+                let _ = std::fs::remove_file(path.with_extension("durable"));
                 report.dropped_segments += 1;
                 damaged = true;
                 continue;
@@ -118,8 +122,11 @@ impl LogStore {
             }
             report.entries += seg.count();
             expect_next = Some(seg.next_index());
-            if seg.count() == 0 && !is_last && !damaged {
-                std::fs::remove_file(path)?;
+            // A segment wholly at or below the purge point (kept while it was the active one), or
+            // an empty sealed one, holds nothing to serve.
+            let fully_purged = seg.next_index() <= purged_next && !is_last;
+            if (seg.count() == 0 && !is_last && !damaged) || fully_purged {
+                seg.remove()?;
                 continue;
             }
             segments.insert(*first, seg);
@@ -283,8 +290,14 @@ impl Inner {
         while i < end {
             let Some(seg) = self.segment_of(i) else {
                 // Below the first held index (purged, or never written): skip to what is held.
+                // A missing index above it is a hole: stop there rather than skip it.
+                let floor = self.purged.map_or(0, |p| p + 1);
+                let below_start = self
+                    .segments
+                    .range(..=i)
+                    .all(|(_, s)| s.next_index() <= floor);
                 match self.segments.range(i + 1..).next() {
-                    Some((first, _)) if *first < end => {
+                    Some((first, _)) if *first < end && below_start => {
                         i = *first;
                         continue;
                     }
@@ -385,7 +398,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
-        self.meta.committed()
+        // The committed id is written without a flush and may be ahead of what survived a crash
+        // (committed by the others before this member's own fsync): never claim past the log.
+        let committed = self.meta.committed()?;
+        let g = self.inner.read().map_err(|_| poisoned())?;
+        Ok(match (committed, g.last) {
+            (Some(c), Some(l)) if c.index > l.index => Some(l),
+            (Some(_), None) => None,
+            (c, _) => c,
+        })
     }
 
     async fn append<I>(
@@ -489,7 +510,10 @@ impl SyncTarget {
         self.file.sync_data()?;
         crate::metrics::observe_fsync(t.elapsed());
         if let Some(len) = len {
-            std::fs::write(self.path.with_extension("durable"), len.to_le_bytes())?;
+            // Written whole or not at all (tmp + rename): a kill mid-write must not leave it empty.
+            let tmp = self.path.with_extension("durable.tmp");
+            std::fs::write(&tmp, len.to_le_bytes())?;
+            std::fs::rename(&tmp, self.path.with_extension("durable"))?;
         }
         Ok(())
     }

@@ -190,7 +190,9 @@ impl Segment {
         self.len = new_len;
         let durable = self.path.with_extension("durable");
         if durable.exists() {
-            std::fs::write(durable, new_len.to_le_bytes())?;
+            let tmp = self.path.with_extension("durable.tmp");
+            std::fs::write(&tmp, new_len.to_le_bytes())?;
+            std::fs::rename(&tmp, durable)?;
         }
         Ok(())
     }

@@ -98,6 +98,14 @@ impl Broker {
         Ok((index, reply))
     }
 
+    /// Proposes a command whose reply carries nothing but success or an error.
+    async fn propose_for_error(&self, cmd: Command) -> Option<Error> {
+        match self.propose(cmd).await {
+            Ok((_, r)) => reply_error(&r),
+            Err(err) => err,
+        }
+    }
+
     fn check_topic(&self, topic: &str, queue: u32) -> Option<Error> {
         if let Err(m) = check_name("topic", topic) {
             return e(ErrorCode::InvalidArgument, m);
@@ -598,18 +606,13 @@ impl BrokerService for Broker {
         {
             return fail(Some(err));
         }
-        match self
-            .propose(Command::CommitOffset {
-                group: req.group,
-                topic: req.topic,
-                queue: req.queue,
-                offset: req.offset,
-            })
-            .await
-        {
-            Ok((_, r)) => fail(reply_error(&r)),
-            Err(err) => fail(err),
-        }
+        let cmd = Command::CommitOffset {
+            group: req.group,
+            topic: req.topic,
+            queue: req.queue,
+            offset: req.offset,
+        };
+        fail(self.propose_for_error(cmd).await)
     }
 
     async fn fetch_offset(
@@ -688,10 +691,10 @@ impl BrokerService for Broker {
         if let Some(err) = self.require_leader() {
             return fail(Some(err));
         }
-        match self.propose(Command::DeleteTopic { name: req.name }).await {
-            Ok((_, r)) => fail(reply_error(&r)),
-            Err(err) => fail(err),
-        }
+        fail(
+            self.propose_for_error(Command::DeleteTopic { name: req.name })
+                .await,
+        )
     }
 
     async fn list_topics(

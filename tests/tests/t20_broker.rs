@@ -416,7 +416,18 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     // A paused follower is never suggested once it has been silent for an election timeout.
     let paused = *followers.iter().next().unwrap();
     c.pause(paused);
-    tokio::time::sleep(Duration::from_millis(800)).await; // past the 350 ms election timeout: the condition under test
+    // Wait until the leader itself sees the paused follower silent past the election timeout.
+    wait_for(
+        "the leader sees the paused follower silent",
+        Duration::from_secs(10),
+        || async {
+            let st = c.status(leader).await?;
+            let timeout = st.read_hint.as_ref()?.election_timeout_ms;
+            let peer = st.peers.iter().find(|p| p.node_id == paused)?;
+            peer.last_ack_ms.is_none_or(|ms| ms > timeout).then_some(())
+        },
+    )
+    .await;
     for round in 0..5 {
         let SendOutcome::Acked(_) = p
             .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))

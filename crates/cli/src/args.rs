@@ -210,6 +210,12 @@ pub enum BenchCmd {
         /// Producer linger in milliseconds.
         #[arg(long, default_value_t = 0)]
         linger_ms: u64,
+        /// Producer window: most batches in flight at once (default: the producer's).
+        #[arg(long)]
+        inflight_batches: Option<usize>,
+        /// Batches in flight at once per queue (messages without a key; default: the producer's).
+        #[arg(long)]
+        lanes: Option<usize>,
     },
     /// Consume as fast as pulls allow (latency = now − store time).
     Consume {

@@ -3,19 +3,22 @@
 //! [`Producer::send`] picks the message's target — the queue of its key's hash, or "any queue" for
 //! messages without a key — and hands it to one batcher task. The batcher keeps an open batch per
 //! target and dispatches a batch when it is full or has waited `linger`, as long as fewer than
-//! `inflight_batches_max` batches are in flight and its queue has none in flight. Messages that
+//! `inflight_batches_max` batches are in flight and a *lane* of its queue is free. Messages that
 //! arrive while the window is full therefore gather into bigger batches by themselves, so a
 //! linger of zero (the default) already batches under load without delaying a lone message.
 //!
-//! One batch in flight per queue keeps each key's messages in order even across retries. A batch
-//! carries `(producer_id, sequence)`; a retry reuses both, so the broker stores it once. The
-//! producer id is drawn at random per (topic, queue): the broker remembers a bounded window of
-//! recent batches per producer id, and with one batch in flight per queue a retry is always the
-//! newest batch of its id — however many batches other queues acknowledged while it waited out
-//! a failover with backoff (a producer-wide id let a slow retry fall out of the window and be
-//! stored twice). Retries
-//! follow `NOT_LEADER` hints at once and back off on unavailability (see the router) until the
-//! send timeout; then every message of the batch fails with [`Error::Timeout`].
+//! A lane is a stream of batches to one queue with at most one batch in flight, its own producer
+//! id (drawn at random) and its own sequences. Keyed messages use a single lane per queue, which
+//! keeps each key's messages in order even across retries. Messages without a key promise no
+//! order, so each queue has `unkeyed_lanes_per_queue` more lanes for them, and several of their
+//! batches ride the same Raft commit. A batch carries `(producer_id, sequence)`; a retry reuses
+//! both, so the broker stores it once. The broker remembers a bounded window of recent batches per
+//! producer id, and with one batch in flight per lane a retry is always the newest batch of its id
+//! — however many batches other lanes acknowledged while it waited out a failover with backoff (a
+//! producer-wide id let a slow retry fall out of the window and be stored twice). Retries follow
+//! `NOT_LEADER` hints at once, move to another node at once on connection errors and short
+//! attempt timeouts, and back off on unavailability (see the router) until the send timeout; then
+//! every message of the batch fails with [`Error::Timeout`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -103,6 +106,8 @@ pub struct ProducerConfig {
     pub batch_messages_max: usize,
     pub batch_bytes_max: usize,
     pub inflight_batches_max: usize,
+    /// Batches of messages without a key in flight at once per queue (each on its own lane).
+    pub unkeyed_lanes_per_queue: usize,
     pub pending_messages_max: usize,
     pub send_timeout: Duration,
     pub route_refresh: Duration,
@@ -115,7 +120,8 @@ impl Default for ProducerConfig {
             linger: Duration::ZERO,
             batch_messages_max: BATCH_MESSAGES_MAX,
             batch_bytes_max: BATCH_BYTES_MAX - 64 * 1024,
-            inflight_batches_max: 16,
+            inflight_batches_max: 64,
+            unkeyed_lanes_per_queue: 4,
             pending_messages_max: 10_000,
             send_timeout: Duration::from_secs(10),
             route_refresh: Duration::from_secs(30),
@@ -139,9 +145,16 @@ impl ProducerBuilder {
         self
     }
 
-    /// Most batches awaiting acknowledgement at once (default 16).
+    /// Most batches awaiting acknowledgement at once (default 64).
     pub fn inflight_batches(mut self, n: usize) -> Self {
         self.config.inflight_batches_max = n.max(1);
+        self
+    }
+
+    /// Most batches of messages without a key in flight at once per queue (default 4). Keyed
+    /// messages always have at most one batch in flight per queue, which keeps them in order.
+    pub fn unkeyed_lanes_per_queue(mut self, n: usize) -> Self {
+        self.config.unkeyed_lanes_per_queue = n.max(1);
         self
     }
 
@@ -311,6 +324,13 @@ struct Pending {
 
 type BatchKey = (String, Option<QueueId>);
 
+/// A stream of batches to one queue with at most one batch in flight, its own producer id and
+/// sequences: (topic, queue, lane). Keyed messages use lane 0 only; messages without a key use
+/// lanes `1..=unkeyed_lanes_per_queue`.
+type Lane = (String, QueueId, usize);
+
+const KEYED_LANE: usize = 0;
+
 struct OpenBatch {
     msgs: Vec<Pending>,
     first_at: Instant,
@@ -318,15 +338,15 @@ struct OpenBatch {
 
 struct Batcher {
     rx: mpsc::Receiver<Pending>,
-    done_tx: mpsc::UnboundedSender<(String, QueueId)>,
-    done_rx: mpsc::UnboundedReceiver<(String, QueueId)>,
+    done_tx: mpsc::UnboundedSender<Lane>,
+    done_rx: mpsc::UnboundedReceiver<Lane>,
     router: Arc<Router>,
     config: ProducerConfig,
-    /// Per (topic, queue): the producer id and the next sequence.
-    idempotence: HashMap<(String, QueueId), (u64, u64)>,
+    /// Per lane: the producer id and the next sequence.
+    idempotence: HashMap<Lane, (u64, u64)>,
     open: HashMap<BatchKey, OpenBatch>,
-    /// Queues with a batch in flight.
-    busy: HashSet<(String, QueueId)>,
+    /// Lanes with a batch in flight.
+    busy: HashSet<Lane>,
     inflight: usize,
     selectors: HashMap<String, QueueSelector>,
     routes: HashMap<String, Arc<TopicRoute>>,
@@ -383,7 +403,7 @@ impl Batcher {
             .push(p);
     }
 
-    fn finish(&mut self, done: (String, QueueId)) {
+    fn finish(&mut self, done: Lane) {
         self.busy.remove(&done);
         self.inflight = self.inflight.saturating_sub(1);
     }
@@ -408,22 +428,28 @@ impl Batcher {
                 return;
             }
             self.fail_expired(&key);
-            let queue = match &key.1 {
-                Some(q) if self.busy.contains(&(key.0.clone(), q.clone())) => continue,
-                Some(q) => q.clone(),
+            let lane = match &key.1 {
+                Some(q) => {
+                    let lane = (key.0.clone(), q.clone(), KEYED_LANE);
+                    if self.busy.contains(&lane) {
+                        continue;
+                    }
+                    lane
+                }
                 None => match self.pick_any(&key.0) {
-                    Some(q) => q,
+                    Some(lane) => lane,
                     None => continue,
                 },
             };
             let Some(batch) = self.take_batch(&key) else {
                 continue;
             };
-            self.busy.insert((key.0.clone(), queue.clone()));
+            self.busy.insert(lane.clone());
             self.inflight += 1;
+            let queue = lane.1.clone();
             let ids = self
                 .idempotence
-                .entry((key.0.clone(), queue.clone()))
+                .entry(lane.clone())
                 // 0 disables idempotence on the broker, so never use it.
                 .or_insert_with(|| (rand::random::<u64>() | 1, 1));
             let (producer_id, sequence) = (ids.0, ids.1);
@@ -438,9 +464,8 @@ impl Batcher {
             };
             let done_tx = self.done_tx.clone();
             tokio::spawn(async move {
-                let done = (job.topic.clone(), job.queue.clone());
                 job.run().await;
-                let _ = done_tx.send(done);
+                let _ = done_tx.send(lane);
             });
         }
     }
@@ -468,16 +493,18 @@ impl Batcher {
         }
     }
 
-    /// A queue for an unkeyed batch: round robin over the topic's queues, skipping busy ones.
-    fn pick_any(&mut self, topic: &str) -> Option<QueueId> {
+    /// A lane for an unkeyed batch: round robin over the topic's queues, then over each queue's
+    /// unkeyed lanes, skipping busy ones.
+    fn pick_any(&mut self, topic: &str) -> Option<Lane> {
         let route = self.routes.get(topic)?;
         let queues = route.queues();
+        let n = queues.len();
+        let lanes = self.config.unkeyed_lanes_per_queue.max(1);
         let busy = &self.busy;
+        let lane_of = |i: usize| (topic.to_string(), queues[i % n].clone(), 1 + i / n);
         let sel = self.selectors.entry(topic.to_string()).or_default();
-        let idx = sel.next_round_robin(queues.len(), |i| {
-            !busy.contains(&(topic.to_string(), queues[i].clone()))
-        })?;
-        Some(queues[idx].clone())
+        let idx = sel.next_round_robin(n * lanes, |i| !busy.contains(&lane_of(i)))?;
+        Some(lane_of(idx))
     }
 
     /// Takes the first messages of an open batch, up to the batch limits.

@@ -27,9 +27,17 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             size,
             inflight,
             linger_ms,
+            inflight_batches,
+            lanes,
         } => {
             let (_cluster, ns) = setup(nameserver, &target).await?;
-            let r = produce(&ns, &target.topic, count, size, inflight, linger_ms, true).await?;
+            let shape = ProduceShape {
+                inflight,
+                linger_ms,
+                inflight_batches,
+                lanes,
+            };
+            let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
             if json {
                 println!(
@@ -70,7 +78,11 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             let (_cluster, ns) = setup(nameserver, &target).await?;
             if target.local {
                 eprintln!("producing {count} messages first");
-                produce(&ns, &target.topic, count, size, 256, 0, false).await?;
+                let shape = ProduceShape {
+                    inflight: 256,
+                    ..Default::default()
+                };
+                produce(&ns, &target.topic, count, size, shape, false).await?;
             }
             let group = group.unwrap_or_else(|| format!("bench-{:08x}", rand::random::<u32>()));
             consume(&ns, json, &target.topic, &group, count, timeout_ms).await
@@ -115,19 +127,33 @@ struct ProduceRun {
     latency: LatencySummary,
 }
 
+/// How the produce bench drives its producer.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProduceShape {
+    /// Messages awaiting acknowledgement at once.
+    inflight: usize,
+    linger_ms: u64,
+    inflight_batches: Option<usize>,
+    lanes: Option<usize>,
+}
+
 async fn produce(
     ns: &str,
     topic: &str,
     count: u64,
     size: usize,
-    inflight: usize,
-    linger_ms: u64,
+    shape: ProduceShape,
     progress: bool,
 ) -> Result<ProduceRun> {
-    let producer = Producer::builder(ns)
-        .linger(Duration::from_millis(linger_ms))
-        .inflight_batches(16)
-        .build()?;
+    let inflight = shape.inflight;
+    let mut builder = Producer::builder(ns).linger(Duration::from_millis(shape.linger_ms));
+    if let Some(n) = shape.inflight_batches {
+        builder = builder.inflight_batches(n);
+    }
+    if let Some(n) = shape.lanes {
+        builder = builder.unkeyed_lanes_per_queue(n);
+    }
+    let producer = builder.build()?;
     let mut lat = Vec::with_capacity(count as usize);
     let mut pending = FuturesUnordered::new();
     let (mut sent, mut acked, mut failed) = (0u64, 0u64, 0u64);

@@ -15,13 +15,12 @@ use crate::error::{Error, Result};
 /// Replies (pulls of large messages) may be far above tonic's 4 MiB default.
 pub(crate) const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
-/// Connect timeout: a local or LAN peer that has not accepted in this long is treated as down.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(1_000);
-
 /// Channels by address.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Pool {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// A local or LAN peer that has not accepted a connection in this long is treated as down.
+    connect_timeout: Duration,
 }
 
 /// `host:port` → `http://host:port`; an address with a scheme is kept as is.
@@ -34,6 +33,13 @@ pub(crate) fn endpoint_uri(address: &str) -> String {
 }
 
 impl Pool {
+    pub(crate) fn new(connect_timeout: Duration) -> Self {
+        Pool {
+            channels: Arc::default(),
+            connect_timeout,
+        }
+    }
+
     pub(crate) fn channel(&self, address: &str) -> Result<Channel> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = channels.get(address) {
@@ -44,7 +50,7 @@ impl Pool {
                 address: address.to_string(),
                 source,
             })?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));

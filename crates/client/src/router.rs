@@ -3,13 +3,17 @@
 //! The router keeps a view of every broker group it has heard of — nodes, the current leader — fed
 //! by nameserver routes and cluster info, by `NOT_LEADER` hints and by successful calls.
 //! [`Router::call_leader`] sends a request to a group's leader and on failure:
-//! - `NOT_LEADER` with a leader: follows the hint at once;
+//! - `NOT_LEADER` with a leader: follows the hint at once, unless that leader is suspect (below):
+//!   then asks another node;
 //! - `NOT_LEADER` without one (election in progress), `UNAVAILABLE`, `BUSY`: backs off and tries
 //!   again, moving to another node when one keeps failing;
-//! - a transport error or timeout: marks the node suspect and asks another node of the group, which
-//!   either is the new leader or names it — so a leader kill costs about one election, not a
-//!   nameserver refresh;
+//! - a transport error (refused, reset: at once) or no answer within the short attempt timeout:
+//!   marks the node suspect for every call for a while and asks another node of the group at
+//!   once, which either is the new leader or names it — so a leader kill costs about one
+//!   election, not an RPC timeout or a nameserver refresh;
 //! - any other code: returns it, as retrying will not change it.
+//!
+//! Pauses end early when any call hears of a new leader, so one call's discovery serves them all.
 //!
 //! It gives up with [`Error::Timeout`] at the caller's deadline.
 
@@ -33,8 +37,13 @@ pub struct RetryPolicy {
     /// First pause after a retriable failure; doubles up to `backoff_max`.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Longest a single attempt may take before another node is tried.
+    /// Longest a single attempt may take before another node is tried; doubles (up to eight
+    /// times) with each attempt of the same call that runs out of it, so a slow but live leader
+    /// still answers. Kept short: a node that died without closing its connections (a host or
+    /// container gone) holds the attempt this long.
     pub attempt_timeout: Duration,
+    /// Longest a connection attempt may take; a refused or reset connection fails at once.
+    pub connect_timeout: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -42,13 +51,19 @@ impl Default for RetryPolicy {
         RetryPolicy {
             backoff_initial: Duration::from_millis(10),
             backoff_max: Duration::from_millis(200),
-            attempt_timeout: Duration::from_secs(3),
+            attempt_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(250),
         }
     }
 }
 
 /// Minimum pause between two cluster-info refreshes triggered by errors.
 const GROUP_REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(250);
+
+/// How long a node that failed at the transport level (refused, reset, no answer) is avoided by
+/// every call, unless it answers meanwhile. Followers keep naming a killed leader until their
+/// election timeout runs out; their hints to it are not followed while it is suspect.
+const SUSPECT_FOR: Duration = Duration::from_millis(1_000);
 
 /// A reply carrying an `Error` field.
 pub(crate) trait Reply {
@@ -102,6 +117,10 @@ pub(crate) struct Router {
     routes: Mutex<HashMap<String, CachedRoute>>,
     last_group_refresh: tokio::sync::Mutex<Option<Instant>>,
     rotate: AtomicUsize,
+    /// Nodes that failed at the transport level, until when they are avoided.
+    suspects: Mutex<HashMap<String, Instant>>,
+    /// Bumped whenever a group's believed leader changes: wakes calls pausing for one.
+    leader_changes: tokio::sync::watch::Sender<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -110,7 +129,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Router {
     pub(crate) fn new(nameservers: Vec<String>, policy: RetryPolicy) -> Result<Arc<Self>> {
-        let pool = Pool::default();
+        let pool = Pool::new(policy.connect_timeout);
         let ns = NameserverClient::new(nameservers, pool.clone())?;
         Ok(Arc::new(Router {
             pool,
@@ -120,6 +139,8 @@ impl Router {
             routes: Mutex::default(),
             last_group_refresh: tokio::sync::Mutex::new(None),
             rotate: AtomicUsize::new(0),
+            suspects: Mutex::default(),
+            leader_changes: tokio::sync::watch::Sender::new(0),
         }))
     }
 
@@ -166,6 +187,9 @@ impl Router {
         }
         // A route never overrides a fresher hint of the same term.
         if leader.is_some() && (term > g.term || g.leader.is_none()) {
+            if g.leader != leader {
+                self.leader_changes.send_modify(|n| *n += 1);
+            }
             g.leader = leader;
         }
         g.term = g.term.max(term);
@@ -222,15 +246,45 @@ impl Router {
         let mut groups = lock(&self.groups);
         let g = groups.entry(broker.to_string()).or_default();
         g.nodes.insert(leader.node_id, leader.address.clone());
-        g.leader = Some(leader.node_id);
+        if g.leader != Some(leader.node_id) {
+            g.leader = Some(leader.node_id);
+            self.leader_changes.send_modify(|n| *n += 1);
+        }
     }
 
     fn note_success(&self, broker: &str, address: &str) {
+        self.clear_suspect(address);
         let mut groups = lock(&self.groups);
         if let Some(g) = groups.get_mut(broker)
             && let Some((&id, _)) = g.nodes.iter().find(|(_, a)| a.as_str() == address)
+            && g.leader != Some(id)
         {
             g.leader = Some(id);
+            self.leader_changes.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// A node failed at the transport level: every call avoids it for a while.
+    fn suspect(&self, address: &str) {
+        lock(&self.suspects).insert(address.to_string(), Instant::now() + SUSPECT_FOR);
+    }
+
+    fn clear_suspect(&self, address: &str) {
+        let mut s = lock(&self.suspects);
+        if !s.is_empty() {
+            s.remove(address);
+        }
+    }
+
+    fn is_suspect(&self, address: &str) -> bool {
+        let mut s = lock(&self.suspects);
+        match s.get(address) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                s.remove(address);
+                false
+            }
+            None => false,
         }
     }
 
@@ -260,19 +314,29 @@ impl Router {
             .unwrap_or_default()
     }
 
-    /// The leader unless avoided, else another node not avoided (rotating, to spread probes).
+    /// The leader unless avoided or suspect, else another node not avoided (rotating, to spread
+    /// probes), suspect ones last.
     fn pick(&self, broker: &str, avoid: &HashSet<String>) -> Option<String> {
         if let Some((_, addr)) = self.leader(broker)
             && !avoid.contains(&addr)
+            && !self.is_suspect(&addr)
         {
             return Some(addr);
         }
         let nodes = self.nodes(broker);
         let start = self.rotate.fetch_add(1, Ordering::Relaxed);
-        (0..nodes.len())
+        let candidates: Vec<&String> = (0..nodes.len())
             .map(|i| &nodes[(start + i) % nodes.len()].1)
-            .find(|a| !avoid.contains(*a))
-            .cloned()
+            .filter(|a| !avoid.contains(*a))
+            .collect();
+        if let Some(a) = candidates.iter().find(|a| !self.is_suspect(a)) {
+            return Some((*a).clone());
+        }
+        // Suspect nodes only once the whole group is suspect (a restart of every node).
+        if nodes.iter().all(|(_, a)| self.is_suspect(a)) {
+            return candidates.first().map(|a| (*a).clone());
+        }
+        None
     }
 
     /// Sends a request to the leader of `broker`, following leader changes, until `deadline`.
@@ -295,6 +359,7 @@ impl Router {
         let mut avoid: HashSet<String> = HashSet::new();
         let mut next: Option<String> = None;
         let mut hops = 0u32;
+        let mut attempt_max = self.policy.attempt_timeout;
         let mut last = String::from("no attempt");
         loop {
             let now = Instant::now();
@@ -318,7 +383,7 @@ impl Router {
                     continue;
                 }
             };
-            let attempt = self.policy.attempt_timeout.min(deadline - now);
+            let attempt = attempt_max.min(deadline - now);
             let channel = self.pool.channel(&addr)?;
             if last != "no attempt" {
                 tracing::debug!("{rpc} to {broker}: retrying at {addr} after: {last}");
@@ -326,6 +391,9 @@ impl Router {
             match tokio::time::timeout(attempt, call(channel, attempt)).await {
                 Err(_) => {
                     last = format!("{addr}: no answer within {attempt:?}");
+                    // A slow but live leader gets longer next time; a dead one is avoided.
+                    attempt_max = (attempt_max * 2).min(self.policy.attempt_timeout * 8);
+                    self.suspect(&addr);
                     self.forget_leader(broker, &addr);
                     avoid.insert(addr);
                 }
@@ -338,6 +406,7 @@ impl Router {
                         });
                     }
                     last = format!("{addr}: {}", status.message());
+                    self.suspect(&addr);
                     self.forget_leader(broker, &addr);
                     avoid.insert(addr);
                     // Another node may answer at once; pause only once all were tried.
@@ -366,6 +435,13 @@ impl Router {
                         });
                     }
                     match (code, err.leader) {
+                        // A follower that has not yet noticed the leader died names it still:
+                        // ask another node (or, all asked, pause until a leader is heard of).
+                        (ErrorCode::NotLeader, Some(leader))
+                            if leader.address != addr && self.is_suspect(&leader.address) =>
+                        {
+                            avoid.insert(addr);
+                        }
                         (ErrorCode::NotLeader, Some(leader)) if leader.address != addr => {
                             self.note_leader(broker, &leader);
                             hops += 1;
@@ -395,11 +471,16 @@ impl Router {
         }
     }
 
+    /// Sleeps for the backoff (with jitter), or less when some call hears of a new leader.
     async fn pause(&self, backoff: &mut Duration, deadline: Instant) {
+        let mut changes = self.leader_changes.subscribe();
         let jitter = rand::random_range(0.5..1.0);
         let d = backoff.mul_f64(jitter);
         let until = (Instant::now() + d).min(deadline);
-        tokio::time::sleep_until(until).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => {}
+            _ = changes.changed() => {}
+        }
         *backoff = (*backoff * 2).min(self.policy.backoff_max);
     }
 }

@@ -37,6 +37,25 @@ fn not_leader(leader: Option<(u64, String)>) -> Option<Error> {
     Some(err)
 }
 
+/// Longest a send waits on a node that knows no leader (an election) for one to be elected.
+const NO_LEADER_WAIT_MAX: Duration = Duration::from_millis(250);
+
+/// The deadline a gRPC client set (`grpc-timeout`: digits and a unit), if any.
+fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = md.get("grpc-timeout")?.to_str().ok()?;
+    let (n, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 fn propose_error(pe: ProposeError) -> Option<Error> {
     match pe {
         ProposeError::NotLeader { leader } => not_leader(leader),
@@ -80,6 +99,24 @@ impl Broker {
         } else {
             not_leader(st.leader_address())
         }
+    }
+
+    /// [`Self::require_leader`], but while this node knows no leader (an election is running) it
+    /// waits for one — at most `NO_LEADER_WAIT_MAX` and half the caller's deadline — so the
+    /// producer hears of the new leader the moment this node does instead of polling for it.
+    async fn await_leader(&self, caller_timeout: Option<Duration>) -> Option<Error> {
+        let err = self.require_leader()?;
+        if err.leader.is_some() {
+            return Some(err);
+        }
+        let wait = caller_timeout.map_or(NO_LEADER_WAIT_MAX, |t| (t / 2).min(NO_LEADER_WAIT_MAX));
+        let mut watch = self.node.member.watch();
+        let _ = tokio::time::timeout(
+            wait,
+            watch.wait_for(|s| s.role == Role::Leader || s.leader.is_some()),
+        )
+        .await;
+        self.require_leader()
     }
 
     async fn propose(&self, cmd: Command) -> Result<(u64, Reply), Option<Error>> {
@@ -390,6 +427,7 @@ impl Broker {
 impl BrokerService for Broker {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
         let t0 = Instant::now();
+        let caller_timeout = grpc_timeout(req.metadata());
         let req = req.into_inner();
         let fail = |error| {
             Ok(Response::new(SendResponse {
@@ -400,7 +438,8 @@ impl BrokerService for Broker {
         // Leadership first: a follower that has not yet applied a new topic must redirect the
         // producer, not tell it the topic does not exist.
         if let Some(err) = self
-            .require_leader()
+            .await_leader(caller_timeout)
+            .await
             .or_else(|| self.check_topic(&req.topic, req.queue))
             .or_else(|| self.check_send(&req))
         {
@@ -824,5 +863,27 @@ impl AdminService for Broker {
             .err()
             .and_then(propose_error);
         Ok(Response::new(ChangeVotersResponse { error }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&md), None);
+        for (v, d) in [
+            ("500m", Duration::from_millis(500)),
+            ("3S", Duration::from_secs(3)),
+            ("2M", Duration::from_secs(120)),
+            ("750000u", Duration::from_millis(750)),
+        ] {
+            md.insert("grpc-timeout", v.parse().expect("ascii"));
+            assert_eq!(grpc_timeout(&md), Some(d), "{v}");
+        }
+        md.insert("grpc-timeout", "x".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), None);
     }
 }

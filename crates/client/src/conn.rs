@@ -52,6 +52,9 @@ impl Pool {
             })?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
+            // Pulls of many large messages: h2's 64 KiB default windows stall them.
+            .initial_stream_window_size(8 << 20)
+            .initial_connection_window_size(16 << 20)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
         let channel = endpoint.connect_lazy();

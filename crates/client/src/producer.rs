@@ -251,10 +251,10 @@ impl Producer {
             )));
         }
         let route = self.route(topic, deadline).await?;
-        let queues = route.queues();
         let target = if message.key.is_empty() {
             None
         } else {
+            let queues = route.queues();
             let idx =
                 queue_for_key(&message.key, queues.len()).ok_or_else(|| Error::TopicNotFound {
                     topic: topic.to_string(),
@@ -349,7 +349,8 @@ struct Batcher {
     busy: HashSet<Lane>,
     inflight: usize,
     selectors: HashMap<String, QueueSelector>,
-    routes: HashMap<String, Arc<TopicRoute>>,
+    /// Per topic: the newest route seen and its sorted queues.
+    routes: HashMap<String, (Arc<TopicRoute>, Vec<QueueId>)>,
 }
 
 impl Batcher {
@@ -391,7 +392,14 @@ impl Batcher {
     }
 
     fn add(&mut self, p: Pending) {
-        self.routes.insert(p.topic.clone(), p.route.clone());
+        match self.routes.get_mut(&p.topic) {
+            Some((r, _)) if Arc::ptr_eq(r, &p.route) => {}
+            Some(entry) => *entry = (p.route.clone(), p.route.queues()),
+            None => {
+                let entry = (p.route.clone(), p.route.queues());
+                self.routes.insert(p.topic.clone(), entry);
+            }
+        }
         let key = (p.topic.clone(), p.target.clone());
         self.open
             .entry(key)
@@ -496,8 +504,7 @@ impl Batcher {
     /// A lane for an unkeyed batch: round robin over the topic's queues, then over each queue's
     /// unkeyed lanes, skipping busy ones.
     fn pick_any(&mut self, topic: &str) -> Option<Lane> {
-        let route = self.routes.get(topic)?;
-        let queues = route.queues();
+        let (_, queues) = self.routes.get(topic)?;
         let n = queues.len();
         let lanes = self.config.unkeyed_lanes_per_queue.max(1);
         let busy = &self.busy;
@@ -548,7 +555,7 @@ struct SendJob {
 }
 
 impl SendJob {
-    async fn run(self) {
+    async fn run(mut self) {
         let deadline = self
             .msgs
             .iter()
@@ -558,7 +565,11 @@ impl SendJob {
         let req = v1::SendRequest {
             topic: self.topic.clone(),
             queue: self.queue.queue,
-            messages: self.msgs.iter().map(|p| p.message.clone()).collect(),
+            messages: self
+                .msgs
+                .iter_mut()
+                .map(|p| std::mem::take(&mut p.message))
+                .collect(),
             producer_id: self.producer_id,
             sequence: self.sequence,
         };

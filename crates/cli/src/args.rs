@@ -243,6 +243,10 @@ pub enum BenchCmd {
         /// Skip the final check that every acknowledged message is readable.
         #[arg(long)]
         no_verify: bool,
+        /// SIGSTOP the leader instead of SIGKILL: like a host or container that vanished, its
+        /// connections stay open and silent instead of being reset.
+        #[arg(long)]
+        stop: bool,
     },
 }
 

@@ -331,6 +331,23 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// SIGSTOPs node `id`: it keeps its connections open but answers nothing (`restart` ends it).
+    pub fn stop(&mut self, id: u64) -> Result<()> {
+        let pid = self
+            .node(id)
+            .and_then(|n| n.child.as_ref())
+            .map(|c| c.id())
+            .ok_or_else(|| anyhow!("local node {id} is not running"))?;
+        let status = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .with_context(|| format!("stopping node {id}"))?;
+        if !status.success() {
+            bail!("kill -STOP {pid} (node {id}) failed: {status}");
+        }
+        Ok(())
+    }
+
     /// Starts node `id` again on its data directory.
     pub fn restart(&mut self, id: u64) -> Result<()> {
         self.kill(id)?;

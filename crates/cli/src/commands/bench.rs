@@ -56,7 +56,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                     t.seconds,
                     t.msgs_per_sec,
                     t.mb_per_sec,
-                    &r.latency,
+                    Some(&r.latency),
                 );
             }
             if r.failed > 0 {
@@ -85,13 +85,23 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 produce(&ns, &target.topic, count, size, shape, false).await?;
             }
             let group = group.unwrap_or_else(|| format!("bench-{:08x}", rand::random::<u32>()));
-            consume(&ns, json, &target.topic, &group, count, timeout_ms).await
+            consume(
+                &ns,
+                json,
+                &target.topic,
+                &group,
+                count,
+                timeout_ms,
+                target.local,
+            )
+            .await
         }
         BenchCmd::Failover {
             kills,
             senders,
             no_verify,
-        } => failover(json, kills, senders, !no_verify).await,
+            stop,
+        } => failover(json, kills, senders, !no_verify, stop).await,
     }
 }
 
@@ -214,18 +224,123 @@ async fn consume(
     group: &str,
     count: u64,
     timeout_ms: u64,
+    backlog: bool,
 ) -> Result<()> {
+    // The clock runs from the consumer's start, group join and first pulls included: the
+    // consumer prefetches while it joins, so timing from the first message polled counted
+    // messages that had arrived before it.
+    let started = Instant::now();
     let mut consumer = Consumer::builder(ns, group, topic)
         .start_from(StartFrom::Earliest)
         .build()?;
-    let started = Instant::now();
-    let mut first: Option<Instant> = None;
-    let mut last = Instant::now();
-    let (mut n, mut bytes) = (0u64, 0u64);
-    let mut lat = Vec::new();
+    let timeout = Duration::from_millis(timeout_ms);
+    let drain = poll_n(&mut consumer, count, timeout, started, true).await?;
+    let elapsed = drain
+        .last
+        .map_or(Duration::ZERO, |l| l.duration_since(started));
+    let avg = drain.bytes.checked_div(drain.n).unwrap_or(0) as usize;
+    let t = throughput(drain.n, avg, elapsed);
+    // Store → read of a backlog produced before is its age, not a latency: measure it on
+    // messages produced while the consumer reads (at most 16 awaiting acknowledgement).
+    let live = if backlog && drain.n >= count {
+        let n = (count / 10).clamp(1_000, 20_000);
+        let (ns, topic) = (ns.to_string(), topic.to_string());
+        let shape = ProduceShape {
+            inflight: 16,
+            ..Default::default()
+        };
+        let producing =
+            tokio::spawn(async move { produce(&ns, &topic, n, avg, shape, false).await });
+        let mut r = poll_n(&mut consumer, n, timeout, Instant::now(), false).await?;
+        producing.await??;
+        Some((r.n, summarize(&mut r.lat)))
+    } else {
+        None
+    };
+    consumer.close().await?;
+    let mut lat = drain.lat;
+    let drain_lat = (!backlog).then(|| summarize(&mut lat));
+    if json {
+        println!(
+            "{}",
+            json_line(&json!({
+                "bench": "consume", "group": group, "messages": drain.n, "seconds": t.seconds,
+                "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
+                "backlog": backlog,
+                "end_to_end_latency_ms": live.as_ref().map(|(_, l)| l).or(drain_lat.as_ref()),
+                "end_to_end_latency_messages": live.as_ref().map(|(n, _)| n),
+            }))
+        );
+    } else {
+        let what = if backlog {
+            "consume a backlog produced first (latency: see below)"
+        } else {
+            "consume (latency: store → read)"
+        };
+        print_figures(
+            what,
+            drain.n,
+            t.seconds,
+            t.msgs_per_sec,
+            t.mb_per_sec,
+            drain_lat.as_ref(),
+        );
+        if let Some((n, l)) = &live {
+            println!(
+                "store → read latency of {n} messages produced while consuming (16 in flight)"
+            );
+            print!(
+                "{}",
+                table(
+                    &["MESSAGES", "P50 MS", "P99 MS", "P999 MS", "MAX MS"],
+                    &[vec![
+                        n.to_string(),
+                        format!("{:.2}", l.p50_ms),
+                        format!("{:.2}", l.p99_ms),
+                        format!("{:.2}", l.p999_ms),
+                        format!("{:.2}", l.max_ms),
+                    ]],
+                )
+            );
+        }
+    }
+    if drain.n < count {
+        bail!(
+            "consumed {} of {count} messages before {timeout_ms} ms passed without any",
+            drain.n
+        );
+    }
+    Ok(())
+}
+
+/// What [`poll_n`] read.
+struct Polled {
+    n: u64,
+    bytes: u64,
+    /// Store → read, millisecond resolution (the store time is the leader's clock, in ms).
+    lat: Vec<Duration>,
+    /// When the last message arrived.
+    last: Option<Instant>,
+}
+
+/// Polls until `count` messages arrived or none did for `timeout`.
+async fn poll_n(
+    consumer: &mut Consumer,
+    count: u64,
+    timeout: Duration,
+    started: Instant,
+    progress: bool,
+) -> Result<Polled> {
+    let mut r = Polled {
+        n: 0,
+        bytes: 0,
+        lat: Vec::new(),
+        last: None,
+    };
+    let mut quiet_since = Instant::now();
     let mut next_report = started + Duration::from_secs(1);
     let mut last_n = 0;
-    while n < count && last.elapsed() < Duration::from_millis(timeout_ms) {
+    while r.n < count && quiet_since.elapsed() < timeout {
         let batch = consumer.poll(4096, Duration::from_millis(200)).await?;
         if batch.is_empty() {
             continue;
@@ -233,56 +348,32 @@ async fn consume(
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        first.get_or_insert_with(Instant::now);
-        last = Instant::now();
+        quiet_since = Instant::now();
+        r.last = Some(quiet_since);
         for m in &batch {
-            n += 1;
-            bytes += m.body.len() as u64;
-            lat.push(Duration::from_millis(
+            r.n += 1;
+            r.bytes += m.body.len() as u64;
+            r.lat.push(Duration::from_millis(
                 now_ms.saturating_sub(m.store_timestamp_ms),
             ));
         }
-        if Instant::now() >= next_report {
+        if progress && Instant::now() >= next_report {
             eprintln!(
-                "  {:>5.1} s  consumed {n:>9}  {:>9.0} msg/s",
+                "  {:>5.1} s  consumed {:>9}  {:>9.0} msg/s",
                 started.elapsed().as_secs_f64(),
-                (n - last_n) as f64
+                r.n,
+                (r.n - last_n) as f64
             );
-            last_n = n;
+            last_n = r.n;
             next_report += Duration::from_secs(1);
         }
     }
-    consumer.close().await?;
-    let elapsed = first.map_or(Duration::ZERO, |f| last.duration_since(f));
-    let avg = bytes.checked_div(n).unwrap_or(0) as usize;
-    let t = throughput(n, avg, elapsed);
-    let l = summarize(&mut lat);
-    if json {
-        println!(
-            "{}",
-            json_line(&json!({
-                "bench": "consume", "group": group, "messages": n, "seconds": t.seconds,
-                "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
-                "end_to_end_latency_ms": l,
-            }))
-        );
-    } else {
-        print_figures(
-            "consume (latency: store → read)",
-            n,
-            t.seconds,
-            t.msgs_per_sec,
-            t.mb_per_sec,
-            &l,
-        );
-    }
-    if n < count {
-        bail!("consumed {n} of {count} messages before {timeout_ms} ms passed without any");
-    }
-    Ok(())
+    Ok(r)
 }
 
-fn print_figures(what: &str, n: u64, secs: f64, rate: f64, mb: f64, l: &LatencySummary) {
+/// One table row of figures; latency columns show `-` when there is no latency to show.
+fn print_figures(what: &str, n: u64, secs: f64, rate: f64, mb: f64, l: Option<&LatencySummary>) {
+    let lat = |f: fn(&LatencySummary) -> f64| l.map_or("-".to_string(), |l| format!("{:.2}", f(l)));
     println!("{what}");
     print!(
         "{}",
@@ -295,10 +386,10 @@ fn print_figures(what: &str, n: u64, secs: f64, rate: f64, mb: f64, l: &LatencyS
                 format!("{secs:.2}"),
                 format!("{rate:.0}"),
                 format!("{mb:.1}"),
-                format!("{:.2}", l.p50_ms),
-                format!("{:.2}", l.p99_ms),
-                format!("{:.2}", l.p999_ms),
-                format!("{:.2}", l.max_ms),
+                lat(|l| l.p50_ms),
+                lat(|l| l.p99_ms),
+                lat(|l| l.p999_ms),
+                lat(|l| l.max_ms),
             ]],
         )
     );
@@ -315,7 +406,7 @@ struct KillResult {
     outage_ms: f64,
 }
 
-async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result<()> {
+async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: bool) -> Result<()> {
     eprintln!("starting a local cluster");
     let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
     let ns = cluster.nameserver.clone();
@@ -338,7 +429,11 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool) -> Result
             load.acked()
         );
         let killed_at = Instant::now();
-        cluster.kill(leader)?;
+        if stop {
+            cluster.stop(leader)?;
+        } else {
+            cluster.kill(leader)?;
+        }
         let (mut elected, mut first_ack) = (None, None);
         let deadline = killed_at + Duration::from_secs(30);
         while elected.is_none() || first_ack.is_none() {

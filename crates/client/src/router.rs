@@ -555,4 +555,50 @@ mod tests {
         avoid.insert("h:3".to_string());
         assert_eq!(r.pick("b", &avoid), None);
     }
+
+    #[test]
+    fn suspect_nodes_are_picked_last() {
+        let r = router();
+        r.merge_route(&route(5, 1));
+        let none = HashSet::new();
+        r.suspect("h:1");
+        // The believed leader is suspect: another node is asked.
+        let p = r.pick("b", &none).expect("a node");
+        assert_ne!(p, "h:1");
+        r.suspect("h:2");
+        assert_eq!(r.pick("b", &none), Some("h:3".into()));
+        let mut avoid = HashSet::new();
+        avoid.insert("h:3".to_string());
+        // The only nodes left are suspect while another is not: none until a pause.
+        assert_eq!(r.pick("b", &avoid), None);
+        r.suspect("h:3");
+        // Every node suspect (all restarting): they are tried anyway.
+        assert!(r.pick("b", &avoid).is_some());
+        // An answer clears the suspicion.
+        r.note_success("b", "h:1");
+        assert_eq!(r.pick("b", &none), Some("h:1".into()));
+    }
+
+    #[tokio::test]
+    async fn pauses_end_when_a_leader_is_heard_of() {
+        let r = router();
+        r.merge_route(&route(5, 1));
+        let r2 = r.clone();
+        let started = Instant::now();
+        let waker = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            r2.note_leader(
+                "b",
+                &v1::NodeRef {
+                    node_id: 2,
+                    address: "h:2".into(),
+                },
+            );
+        });
+        let mut backoff = Duration::from_secs(10);
+        r.pause(&mut backoff, Instant::now() + Duration::from_secs(10))
+            .await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        waker.await.expect("waker");
+    }
 }

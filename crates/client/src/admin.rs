@@ -117,7 +117,14 @@ impl Admin {
     /// An admin client for nameservers given as `"host:port;host:port"`; connects lazily.
     pub fn connect(nameservers: &str) -> Result<Admin> {
         Ok(Admin {
-            router: Router::new(parse_nameservers(nameservers), RetryPolicy::default())?,
+            // Admin changes (membership, leadership transfer) may take seconds on a live leader.
+            router: Router::new(
+                parse_nameservers(nameservers),
+                RetryPolicy {
+                    attempt_timeout: Duration::from_secs(3),
+                    ..RetryPolicy::default()
+                },
+            )?,
             timeout: Duration::from_secs(10),
         })
     }

@@ -600,9 +600,11 @@ impl Puller {
                 },
                 None => {
                     let deadline = Instant::now() + attempt * 2;
+                    // The pull waits up to pull_wait on the server by design.
+                    let first = shared.config.pull_wait + shared.config.retry.attempt_timeout;
                     let r = shared
                         .router
-                        .call_leader(&q.broker, "Pull", deadline, |ch, t| {
+                        .call_leader_timed(&q.broker, "Pull", deadline, first, |ch, t| {
                             let req = req.clone();
                             async move {
                                 BrokerServiceClient::new(ch)

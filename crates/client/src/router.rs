@@ -347,6 +347,25 @@ impl Router {
         broker: &str,
         rpc: &'static str,
         deadline: Instant,
+        call: F,
+    ) -> Result<(R, String)>
+    where
+        R: Reply,
+        F: FnMut(Channel, Duration) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        self.call_leader_timed(broker, rpc, deadline, self.policy.attempt_timeout, call)
+            .await
+    }
+
+    /// [`Self::call_leader`] with its own first attempt timeout, for requests that may wait on
+    /// the server on purpose (long-polling pulls).
+    pub(crate) async fn call_leader_timed<R, F, Fut>(
+        &self,
+        broker: &str,
+        rpc: &'static str,
+        deadline: Instant,
+        attempt_timeout: Duration,
         mut call: F,
     ) -> Result<(R, String)>
     where
@@ -359,7 +378,7 @@ impl Router {
         let mut avoid: HashSet<String> = HashSet::new();
         let mut next: Option<String> = None;
         let mut hops = 0u32;
-        let mut attempt_max = self.policy.attempt_timeout;
+        let mut attempt_max = attempt_timeout;
         let mut last = String::from("no attempt");
         loop {
             let now = Instant::now();
@@ -392,7 +411,7 @@ impl Router {
                 Err(_) => {
                     last = format!("{addr}: no answer within {attempt:?}");
                     // A slow but live leader gets longer next time; a dead one is avoided.
-                    attempt_max = (attempt_max * 2).min(self.policy.attempt_timeout * 8);
+                    attempt_max = (attempt_max * 2).min(attempt_timeout * 8);
                     self.suspect(&addr);
                     self.forget_leader(broker, &addr);
                     avoid.insert(addr);

@@ -425,7 +425,9 @@ impl Router {
                         });
                     }
                     last = format!("{addr}: {}", status.message());
-                    self.suspect(&addr);
+                    if is_connection_status(&status) {
+                        self.suspect(&addr);
+                    }
                     self.forget_leader(broker, &addr);
                     avoid.insert(addr);
                     // Another node may answer at once; pause only once all were tried.
@@ -517,6 +519,16 @@ pub(crate) fn is_transport_status(status: &tonic::Status) -> bool {
             | Code::Aborted
             | Code::ResourceExhausted
             | Code::Internal
+    )
+}
+
+/// Transport statuses that say the node is unreachable (refused, reset, gone), not merely that
+/// this request failed.
+fn is_connection_status(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
     )
 }
 

@@ -131,3 +131,21 @@ async fn t35_flipped_bit_and_truncated_segment_are_repaired_from_peers() {
     )
     .await;
 }
+
+/// Partitions through the fault proxy between the nodes, under load: the leader isolated (clients
+/// still reach it and must get no acknowledgement it cannot commit), a follower isolated, a
+/// partial partition (leader and one follower deaf to each other), and a one-way cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t36_partitions_lose_nothing() {
+    run(
+        36,
+        FaultPlan::Fixed(vec![
+            FaultKind::PartitionLeader,
+            FaultKind::PartitionFollower,
+            FaultKind::PartitionPartial,
+            FaultKind::PartitionOneWay,
+            FaultKind::PartitionLeader,
+        ]),
+    )
+    .await;
+}

@@ -31,6 +31,9 @@ pub struct MemberConfig {
     /// The initial voters (node id → peer address), this member included. Used only on the first
     /// start, to bootstrap the group; later starts reuse what is on disk.
     pub initial_members: BTreeMap<u64, String>,
+    /// Peer id → the address this member dials for Raft traffic to that peer, in place of the
+    /// address in the membership (a separate replication network, or a fault proxy in tests).
+    pub peer_routes: BTreeMap<u64, String>,
     pub data_dir: PathBuf,
     pub raft: RaftConfig,
 }
@@ -153,7 +156,7 @@ impl<S: StateMachine> Member<S> {
             node_id: cfg.node_id,
             secret: cfg.raft.peer_secret.clone(),
         };
-        let net = NetworkFactory::new(me.clone());
+        let net = NetworkFactory::new(me.clone(), cfg.peer_routes.clone());
         let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;

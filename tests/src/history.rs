@@ -1545,5 +1545,15 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
     }
-    Ok(check(&hist, &reads, cfg.seed))
+    let mut report = check(&hist, &reads, cfg.seed);
+    if !report.is_ok() && std::env::var_os("RAFTMQ_KEEP_FAILED").is_some() {
+        // The nodes' data dirs and logs, for a post-mortem.
+        c.kill_all();
+        let kept = std::mem::replace(&mut c.dir, tempfile::tempdir().map_err(|e| e.to_string())?);
+        report.excerpts.push(format!(
+            "data dirs and node logs kept in {}",
+            kept.keep().display()
+        ));
+    }
+    Ok(report)
 }

@@ -292,12 +292,19 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
+impl Cluster {
+    /// SIGKILLs every node.
+    pub fn kill_all(&mut self) {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
         for id in ids {
             self.kill(id);
         }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_all();
         if let Some(mut ns) = self.ns.take() {
             let _ = ns.kill();
             let _ = ns.wait();

@@ -183,6 +183,18 @@ impl<S: StateMachine> Member<S> {
                 tracing::info!(error = %e, "initialize skipped");
             }
         }
+        if reader.repairing().is_some() {
+            // It may have acknowledged entries it lost: no campaign until replication restores
+            // them (votes are refused in the peer server meanwhile).
+            raft.runtime_config().elect(false);
+            let (raft2, reader2) = (raft.clone(), reader.clone());
+            tokio::spawn(async move {
+                while reader2.repairing().is_some() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                raft2.runtime_config().elect(true);
+            });
+        }
         let last_append_ms = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
@@ -208,6 +220,7 @@ impl<S: StateMachine> Member<S> {
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
             started: self.started,
+            log: self.reader.clone(),
         })
         .max_decoding_message_size(256 << 20)
         .max_encoding_message_size(256 << 20)

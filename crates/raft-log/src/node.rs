@@ -213,6 +213,30 @@ impl<S: StateMachine> Member<S> {
         })
     }
 
+    /// On a leader: whether a majority of the voters, itself included, answered it within
+    /// `within` (etcd's CheckQuorum). openraft keeps a cut-off leader in its role until it hears a
+    /// higher term; the broker refuses new sends on such a leader at once instead of letting them
+    /// wait for a commit that cannot come. False on a follower.
+    pub fn leader_in_contact(&self, within: Duration) -> bool {
+        let rx = self.raft.metrics();
+        let m = rx.borrow_watched();
+        if m.state != ServerState::Leader {
+            return false;
+        }
+        let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let heard = voters
+            .iter()
+            .filter(|id| {
+                **id == m.id
+                    || m.heartbeat
+                        .as_ref()
+                        .and_then(|h| h.get(*id).cloned().flatten())
+                        .is_some_and(|t| t.elapsed() <= within)
+            })
+            .count();
+        heard * 2 > voters.len()
+    }
+
     /// The gRPC service peers call; serve it on the member's port.
     pub fn peer_service(&self) -> RaftPeerServiceServer<PeerServer<S>> {
         RaftPeerServiceServer::new(PeerServer {

@@ -381,7 +381,9 @@ impl TestProducer {
                     match code(&r.error) {
                         ErrorCode::Ok => return SendOutcome::Acked(r),
                         ErrorCode::NotLeader => {
-                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone()) {
+                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone())
+                                && !l.address.is_empty()
+                            {
                                 self.target = l.address;
                                 continue;
                             }

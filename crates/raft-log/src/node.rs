@@ -96,8 +96,10 @@ pub struct Status {
 
 impl Status {
     pub fn leader_address(&self) -> Option<(u64, String)> {
+        // No hint rather than an empty address when the membership does not name it (yet).
         let id = self.leader?;
-        Some((id, self.addresses.get(&id).cloned().unwrap_or_default()))
+        let addr = self.addresses.get(&id).filter(|a| !a.is_empty())?;
+        Some((id, addr.clone()))
     }
 }
 
@@ -164,7 +166,14 @@ impl<S: StateMachine> Member<S> {
             .is_initialized()
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
-        if !initialized {
+        if !initialized && cfg.initial_members.is_empty() {
+            // Joining an existing group: the leader adds it as a learner (`raftmq node add`) and
+            // replicates the group's membership and log to it.
+            tracing::info!(
+                node_id = cfg.node_id,
+                "no data and no initial members: waiting to be added to a group"
+            );
+        } else if !initialized {
             if !cfg.initial_members.contains_key(&cfg.node_id) {
                 return Err(Error::Config(format!(
                     "node {} is not among the initial members {:?} and has no data to rejoin from",

@@ -236,11 +236,13 @@ impl<S: StateMachine> Member<S> {
         let heard = voters
             .iter()
             .filter(|id| {
+                // Not heard from yet counts as in contact: a new leader has not had the time, and
+                // a leader that was cut off had heard from its peers before (an old instant).
                 **id == m.id
                     || m.heartbeat
                         .as_ref()
-                        .and_then(|h| h.get(*id).cloned().flatten())
-                        .is_some_and(|t| t.elapsed() <= within)
+                        .and_then(|h| h.get(*id).cloned())
+                        .is_none_or(|t| t.is_none_or(|t| t.elapsed() <= within))
             })
             .count();
         heard * 2 > voters.len()

@@ -133,10 +133,19 @@ pub enum FaultKind {
     TruncateSegment,
     /// Mixed: the leader paused past the election timeout while a follower is killed.
     PauseLeaderKillFollower,
+    /// The leader cut off from both followers (both directions); clients still reach it.
+    PartitionLeader,
+    /// One follower cut off from both other nodes.
+    PartitionFollower,
+    /// A partial partition: the leader and one follower cannot hear each other; the other
+    /// follower hears both.
+    PartitionPartial,
+    /// One-way: nothing the leader sends arrives; what the followers send to it does.
+    PartitionOneWay,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::KillTwo,
@@ -148,6 +157,10 @@ impl FaultKind {
         FaultKind::BitFlip,
         FaultKind::TruncateSegment,
         FaultKind::PauseLeaderKillFollower,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionFollower,
+        FaultKind::PartitionPartial,
+        FaultKind::PartitionOneWay,
     ];
 
     pub fn name(self) -> &'static str {
@@ -163,6 +176,10 @@ impl FaultKind {
             FaultKind::BitFlip => "bit-flip",
             FaultKind::TruncateSegment => "truncate-segment",
             FaultKind::PauseLeaderKillFollower => "pause-leader+kill-follower",
+            FaultKind::PartitionLeader => "partition-leader",
+            FaultKind::PartitionFollower => "partition-follower",
+            FaultKind::PartitionPartial => "partition-partial",
+            FaultKind::PartitionOneWay => "partition-one-way",
         }
     }
 }
@@ -751,6 +768,39 @@ pub async fn inject(
             tokio::time::sleep(hold(rng, 0, 500)).await;
             c.spawn(any);
             vec![any]
+        }
+        FaultKind::PartitionLeader
+        | FaultKind::PartitionFollower
+        | FaultKind::PartitionPartial
+        | FaultKind::PartitionOneWay => {
+            let proxy = c
+                .proxy
+                .as_ref()
+                .ok_or("a partition needs a cluster started with the fault proxy")?;
+            let nodes = match kind {
+                FaultKind::PartitionLeader => {
+                    proxy.isolate(leader);
+                    vec![leader]
+                }
+                FaultKind::PartitionFollower => {
+                    proxy.isolate(follower);
+                    vec![follower]
+                }
+                FaultKind::PartitionPartial => {
+                    proxy.cut_pair(leader, follower);
+                    vec![leader, follower]
+                }
+                _ => {
+                    for f in &followers {
+                        proxy.set_link(leader, *f, true);
+                    }
+                    vec![leader]
+                }
+            };
+            note = format!("cut links {:?}", proxy.cut_links());
+            tokio::time::sleep(hold(rng, 300, 2500)).await;
+            proxy.heal();
+            nodes
         }
         FaultKind::BitFlip | FaultKind::TruncateSegment => {
             c.kill(any);
@@ -1415,7 +1465,7 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
         cfg.seed,
         plan.iter().map(|k| k.name()).collect::<Vec<_>>()
     );
-    let mut c = Cluster::start_with_env(3, &[], &[("RAFTMQ_TRACK_DURABLE", "1")]).await;
+    let mut c = Cluster::start_opts(3, &[], &[("RAFTMQ_TRACK_DURABLE", "1")], true).await;
     create_topic(&c).await?;
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
@@ -1495,5 +1545,15 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
     }
-    Ok(check(&hist, &reads, cfg.seed))
+    let mut report = check(&hist, &reads, cfg.seed);
+    if !report.is_ok() && std::env::var_os("RAFTMQ_KEEP_FAILED").is_some() {
+        // The nodes' data dirs and logs, for a post-mortem.
+        c.kill_all();
+        let kept = std::mem::replace(&mut c.dir, tempfile::tempdir().map_err(|e| e.to_string())?);
+        report.excerpts.push(format!(
+            "data dirs and node logs kept in {}",
+            kept.keep().display()
+        ));
+    }
+    Ok(report)
 }

@@ -15,6 +15,7 @@ use raftmq_proto::v1::*;
 use tonic::transport::Channel;
 
 pub mod history;
+pub mod proxy;
 
 /// The directory holding this workspace's binaries (target/debug or target/release).
 pub fn bin_dir() -> PathBuf {
@@ -83,6 +84,8 @@ pub struct Cluster {
     /// Environment variables given to every broker-node (e.g. `RAFTMQ_TRACK_DURABLE=1`).
     pub env: Vec<(String, String)>,
     pub broker: String,
+    /// The fault proxy every node's Raft traffic goes through, when started with one.
+    pub proxy: Option<proxy::FaultProxy>,
 }
 
 impl Cluster {
@@ -93,6 +96,17 @@ impl Cluster {
 
     /// As `start`, with extra environment variables for every broker-node process.
     pub async fn start_with_env(n: u64, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
+        Cluster::start_opts(n, extra, env, false).await
+    }
+
+    /// As `start_with_env`; with `proxied`, every Raft link between nodes goes through a
+    /// [`proxy::FaultProxy`] (`Cluster::proxy`) that can cut it.
+    pub async fn start_opts(
+        n: u64,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        proxied: bool,
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ns_addr = format!("127.0.0.1:{}", free_port());
         let ns = Command::new(bin("nameserver"))
@@ -131,7 +145,12 @@ impl Cluster {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             broker: "broker-a".into(),
+            proxy: None,
         };
+        if proxied {
+            let addrs = c.nodes.values().map(|n| (n.id, n.addr.clone())).collect();
+            c.proxy = Some(proxy::FaultProxy::start(&addrs).await);
+        }
         for id in 1..=n {
             c.spawn(id);
         }
@@ -154,6 +173,7 @@ impl Cluster {
     /// Starts (or restarts) node `id` from its data dir.
     pub fn spawn(&mut self, id: u64) {
         let peers = self.peers();
+        let routes = self.proxy.as_ref().map(|p| p.routes_of(id));
         let data = self.data_dir(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -179,6 +199,7 @@ impl Cluster {
                 data.to_str().unwrap(),
             ])
             .args(&self.extra)
+            .args(routes.iter().flat_map(|r| ["--peer-routes", r.as_str()]))
             .env("RUST_LOG", "info,openraft=warn")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
@@ -271,12 +292,19 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
+impl Cluster {
+    /// SIGKILLs every node.
+    pub fn kill_all(&mut self) {
         let ids: Vec<u64> = self.nodes.keys().copied().collect();
         for id in ids {
             self.kill(id);
         }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_all();
         if let Some(mut ns) = self.ns.take() {
             let _ = ns.kill();
             let _ = ns.wait();
@@ -353,7 +381,9 @@ impl TestProducer {
                     match code(&r.error) {
                         ErrorCode::Ok => return SendOutcome::Acked(r),
                         ErrorCode::NotLeader => {
-                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone()) {
+                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone())
+                                && !l.address.is_empty()
+                            {
                                 self.target = l.address;
                                 continue;
                             }

@@ -4,16 +4,11 @@
 //! lost, changed, duplicated, reordered or invented. Fixed seeds keep the run short and repeatable;
 //! the `soak` binary runs the same scenarios with random faults for as long as asked.
 //!
-//! Known open bugs this checker found (see the ignored tests for A and B):
-//! - C (power loss): with `simulate_power_loss`, a node that cannot replay its log below the
-//!   persisted commit index refuses to start (as in B). The seam itself writes `<segment>.durable`
-//!   with `fs::write` (truncate, then write): a SIGKILL in between leaves it empty and the seam
-//!   then drops the whole segment, fsynced bytes included; `history::power_loss` leaves such a
-//!   segment whole and says so ("TORN record") until raft-log writes the record atomically.
-//! - D (power loss, intermittent): after power-loss faults one node's state machine sometimes lacks
-//!   one `Send` entry that the other two applied (e.g. soak seed 44: queue 0 offset 102 is log
-//!   index 186 on nodes 2 and 3, index 188 on node 1, and every later offset is shifted by one).
-//!   `t32` and `t33` can therefore fail now and then with `DIVERGENT`; that is the bug, not noise.
+//! Bugs this checker found, each fixed with a regression test here or in raft-log: A (`t34`: a
+//! wiped follower made the leader's Raft core panic), B and E (`t35`: a node whose log was cut by
+//! CRC recovery or a power loss could not start, then led or voted with the cut log; the same
+//! cause made power-loss rounds of the soak diverge, old bugs C and D). Partitions go through a
+//! fault proxy between the nodes (`t36`).
 //!
 //! A failure prints the seed and the part of the history that shows it. Rerun one seed longer with
 //! `cargo run --release -p raftmq-tests --bin soak -- --seed SEED --duration-secs 60`.
@@ -56,14 +51,6 @@ async fn t31_kills_and_pauses_lose_nothing() {
     .await;
 }
 
-/// Faults that leave a node's log shorter than what the leader already counted as replicated to it.
-/// They trip bugs found by this checker and not fixed yet: see `t34` and `t35`.
-const LOG_REVERSION: [FaultKind; 3] = [
-    FaultKind::WipeFollower,
-    FaultKind::BitFlip,
-    FaultKind::TruncateSegment,
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t32_power_loss_on_one_and_all_nodes_loses_nothing() {
     run(
@@ -84,10 +71,7 @@ async fn t33_random_faults_lose_nothing() {
         33,
         FaultPlan::Random {
             count: 6,
-            kinds: FaultKind::ALL
-                .into_iter()
-                .filter(|k| !LOG_REVERSION.contains(k))
-                .collect(),
+            kinds: FaultKind::ALL.to_vec(),
         },
     )
     .await;
@@ -106,18 +90,16 @@ async fn t34_wiped_follower_rejoins_under_load() {
     .await;
 }
 
-/// BUG B (open, found by this checker, soak seed 7): after a flipped bit in the newest segment of a
-/// stopped node, recovery correctly cuts the log at the damaged record (`RecoveryReport { entries:
-/// 50, truncated_bytes: 7354 }`), but the committed log id persisted in sled is still 62, so
-/// openraft replays committed entries at start-up and the node refuses to start: `cannot start the
-/// Raft member: raft: when Read LogIndex(62): Failed to get log entries, expected index: [0, 63),
-/// got [Some(0), Some(49))`. A node with a damaged log must instead start with `committed` clamped
-/// to its recovered last log id and re-replicate the rest from its peers. A truncated segment cuts
-/// the log the same way. Once it starts, the cut log also hits bug A on the leader.
-/// Bug B (cannot start: committed past the cut log) is fixed: `read_committed` is capped at the
-/// recovered log. Still open (bug E): after the cut, the damaged node's state machine diverges from
-/// its peers' (the same batch at another log index), seen with `--include-ignored`.
-#[ignore = "bug E: state diverges on a node whose log was cut by CRC recovery"]
+/// Regression (bugs B and E, found by this checker, soak seeds 7, 1013, 1061, 1073, 1092):
+/// - B: after a flipped bit or a truncated segment, recovery cut the log but the persisted
+///   committed index was past the cut, and the node could not start. Fixed: `read_committed` is
+///   capped at the recovered log.
+/// - E: a leader killed and restarted resumed leading in its old term (openraft's default
+///   `enable_leader_restore`) with a log that had lost its tail (damaged, or unsynced at a power
+///   loss), and proposed other entries under (term, index) ids its followers already held: the
+///   same offset with different bytes on two nodes. Fixed: leader restore is off, and a node whose
+///   recovery shows it had stored more than it now holds (`repair_floor`) grants no vote and does
+///   not campaign until replication has brought it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t35_flipped_bit_and_truncated_segment_are_repaired_from_peers() {
     run(
@@ -127,6 +109,24 @@ async fn t35_flipped_bit_and_truncated_segment_are_repaired_from_peers() {
             FaultKind::TruncateSegment,
             FaultKind::BitFlip,
             FaultKind::TruncateSegment,
+        ]),
+    )
+    .await;
+}
+
+/// Partitions through the fault proxy between the nodes, under load: the leader isolated (clients
+/// still reach it and must get no acknowledgement it cannot commit), a follower isolated, a
+/// partial partition (leader and one follower deaf to each other), and a one-way cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t36_partitions_lose_nothing() {
+    run(
+        36,
+        FaultPlan::Fixed(vec![
+            FaultKind::PartitionLeader,
+            FaultKind::PartitionFollower,
+            FaultKind::PartitionPartial,
+            FaultKind::PartitionOneWay,
+            FaultKind::PartitionLeader,
         ]),
     )
     .await;

@@ -97,6 +97,9 @@ pub struct Config {
     pub advertise: Option<String>,
     /// `id=host:port,...`, this node included.
     pub peers: String,
+    /// `id=host:port,...`: where this node sends its Raft traffic for the given peers, in place of
+    /// the address in the group's membership (a separate replication network, or a fault proxy).
+    pub peer_routes: String,
     /// `host:port;host:port`.
     pub nameservers: String,
     pub data_dir: PathBuf,
@@ -120,6 +123,7 @@ impl Default for Config {
             listen: "0.0.0.0:10911".parse().expect("valid default address"),
             advertise: None,
             peers: String::new(),
+            peer_routes: String::new(),
             nameservers: String::new(),
             data_dir: PathBuf::from("/var/lib/raftmq"),
             register_interval_ms: 30_000,
@@ -187,36 +191,12 @@ impl Config {
 
     /// Parses `--peers`: `1=host:port,2=host:port`.
     pub fn peer_map(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
-        let mut m = BTreeMap::new();
-        for part in self
-            .peers
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-        {
-            let (id, addr) = part
-                .split_once('=')
-                .ok_or_else(|| invalid("peers", format!("{part:?} is not id=host:port")))?;
-            let id: u64 = id
-                .trim()
-                .parse()
-                .map_err(|_| invalid("peers", format!("{id:?} is not a node id")))?;
-            let addr = addr.trim();
-            if id == 0 {
-                return Err(invalid("peers", "node ids start at 1"));
-            }
-            if addr
-                .rsplit_once(':')
-                .and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten())
-                .is_none()
-            {
-                return Err(invalid("peers", format!("{addr:?} is not host:port")));
-            }
-            if m.insert(id, addr.to_string()).is_some() {
-                return Err(invalid("peers", format!("node {id} is listed twice")));
-            }
-        }
-        Ok(m)
+        parse_id_addrs("peers", &self.peers)
+    }
+
+    /// Parses `--peer-routes`, in the same form as `--peers`.
+    pub fn peer_route_map(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
+        parse_id_addrs("peer_routes", &self.peer_routes)
     }
 
     pub fn nameserver_list(&self) -> Vec<String> {
@@ -251,6 +231,7 @@ impl Config {
             ));
         }
         let peers = self.peer_map()?;
+        self.peer_route_map()?;
         if !peers.is_empty() && !peers.contains_key(&self.node_id) {
             return Err(invalid(
                 "peers",
@@ -342,6 +323,9 @@ pub struct Args {
     /// Initial members, this node included: "1=host1:10911,2=host2:10911,3=host3:10911".
     #[arg(long, env = "RAFTMQ_PEERS")]
     pub peers: Option<String>,
+    /// Raft traffic to these peers goes to these addresses instead: "2=10.0.1.2:10911,...".
+    #[arg(long, env = "RAFTMQ_PEER_ROUTES")]
+    pub peer_routes: Option<String>,
     /// Nameservers: "ns1:9876;ns2:9876".
     #[arg(long, env = "RAFTMQ_NAMESERVERS")]
     pub nameservers: Option<String>,
@@ -387,6 +371,9 @@ impl Args {
         if let Some(v) = self.peers {
             c.peers = v;
         }
+        if let Some(v) = self.peer_routes {
+            c.peer_routes = v;
+        }
         if let Some(v) = self.nameservers {
             c.nameservers = v;
         }
@@ -418,6 +405,35 @@ impl Args {
         c.validate()?;
         Ok(c)
     }
+}
+
+/// Parses `id=host:port,...` for the config key `key`.
+fn parse_id_addrs(key: &'static str, list: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut m = BTreeMap::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| invalid(key, format!("{part:?} is not id=host:port")))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| invalid(key, format!("{id:?} is not a node id")))?;
+        let addr = addr.trim();
+        if id == 0 {
+            return Err(invalid(key, "node ids start at 1"));
+        }
+        if addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten())
+            .is_none()
+        {
+            return Err(invalid(key, format!("{addr:?} is not host:port")));
+        }
+        if m.insert(id, addr.to_string()).is_some() {
+            return Err(invalid(key, format!("node {id} is listed twice")));
+        }
+    }
+    Ok(m)
 }
 
 #[cfg(test)]

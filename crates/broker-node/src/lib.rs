@@ -56,6 +56,7 @@ pub async fn serve(
         broker: cfg.broker.clone(),
         node_id: cfg.node_id,
         initial_members: cfg.peer_map()?,
+        peer_routes: cfg.peer_route_map()?,
         data_dir: cfg.data_dir.clone(),
         raft: cfg.raft.clone(),
     };

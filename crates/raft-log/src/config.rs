@@ -134,6 +134,11 @@ impl RaftConfig {
             // A follower whose data dir was wiped comes back with a shorter log than the leader
             // last matched; without this the leader's Raft core panics on it.
             allow_log_reversion: Some(true),
+            // A restarted leader must not resume leading in its old term: its log may have lost
+            // an unsynced or damaged tail, and as leader of the same term it would write other
+            // entries under log ids its followers already hold (found by the fault checker: the
+            // same (term, index) with different bytes on two nodes). It rejoins as a follower.
+            enable_leader_restore: Some(false),
             ..Default::default()
         };
         c.validate().map_err(|e| ConfigError {

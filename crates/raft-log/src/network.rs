@@ -49,13 +49,16 @@ impl Identity {
 #[derive(Clone)]
 pub struct NetworkFactory {
     me: Identity,
+    /// Peer id → the address to dial instead of the membership's.
+    routes: Arc<std::collections::BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
 }
 
 impl NetworkFactory {
-    pub fn new(me: Identity) -> NetworkFactory {
+    pub fn new(me: Identity, routes: std::collections::BTreeMap<NodeId, String>) -> NetworkFactory {
         NetworkFactory {
             me,
+            routes: Arc::new(routes),
             channels: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -96,7 +99,8 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
                 "node {target} is this node; a member never dials itself"
             ))
         } else {
-            self.channel(target, &node.addr)
+            let addr = self.routes.get(&target).unwrap_or(&node.addr).clone();
+            self.channel(target, &addr)
         };
         PeerClient {
             me: self.me.clone(),

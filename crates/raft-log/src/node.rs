@@ -31,6 +31,9 @@ pub struct MemberConfig {
     /// The initial voters (node id → peer address), this member included. Used only on the first
     /// start, to bootstrap the group; later starts reuse what is on disk.
     pub initial_members: BTreeMap<u64, String>,
+    /// Peer id → the address this member dials for Raft traffic to that peer, in place of the
+    /// address in the membership (a separate replication network, or a fault proxy in tests).
+    pub peer_routes: BTreeMap<u64, String>,
     pub data_dir: PathBuf,
     pub raft: RaftConfig,
 }
@@ -93,8 +96,10 @@ pub struct Status {
 
 impl Status {
     pub fn leader_address(&self) -> Option<(u64, String)> {
+        // No hint rather than an empty address when the membership does not name it (yet).
         let id = self.leader?;
-        Some((id, self.addresses.get(&id).cloned().unwrap_or_default()))
+        let addr = self.addresses.get(&id).filter(|a| !a.is_empty())?;
+        Some((id, addr.clone()))
     }
 }
 
@@ -153,7 +158,7 @@ impl<S: StateMachine> Member<S> {
             node_id: cfg.node_id,
             secret: cfg.raft.peer_secret.clone(),
         };
-        let net = NetworkFactory::new(me.clone());
+        let net = NetworkFactory::new(me.clone(), cfg.peer_routes.clone());
         let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -161,7 +166,14 @@ impl<S: StateMachine> Member<S> {
             .is_initialized()
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
-        if !initialized {
+        if !initialized && cfg.initial_members.is_empty() {
+            // Joining an existing group: the leader adds it as a learner (`raftmq node add`) and
+            // replicates the group's membership and log to it.
+            tracing::info!(
+                node_id = cfg.node_id,
+                "no data and no initial members: waiting to be added to a group"
+            );
+        } else if !initialized {
             if !cfg.initial_members.contains_key(&cfg.node_id) {
                 return Err(Error::Config(format!(
                     "node {} is not among the initial members {:?} and has no data to rejoin from",
@@ -179,6 +191,18 @@ impl<S: StateMachine> Member<S> {
             if let Err(e) = raft.initialize(members).await {
                 tracing::info!(error = %e, "initialize skipped");
             }
+        }
+        if reader.repairing().is_some() {
+            // It may have acknowledged entries it lost: no campaign until replication restores
+            // them (votes are refused in the peer server meanwhile).
+            raft.runtime_config().elect(false);
+            let (raft2, reader2) = (raft.clone(), reader.clone());
+            tokio::spawn(async move {
+                while reader2.repairing().is_some() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                raft2.runtime_config().elect(true);
+            });
         }
         let last_append_ms = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
@@ -198,6 +222,32 @@ impl<S: StateMachine> Member<S> {
         })
     }
 
+    /// On a leader: whether a majority of the voters, itself included, answered it within
+    /// `within` (etcd's CheckQuorum). openraft keeps a cut-off leader in its role until it hears a
+    /// higher term; the broker refuses new sends on such a leader at once instead of letting them
+    /// wait for a commit that cannot come. False on a follower.
+    pub fn leader_in_contact(&self, within: Duration) -> bool {
+        let rx = self.raft.metrics();
+        let m = rx.borrow_watched();
+        if m.state != ServerState::Leader {
+            return false;
+        }
+        let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let heard = voters
+            .iter()
+            .filter(|id| {
+                // Not heard from yet counts as in contact: a new leader has not had the time, and
+                // a leader that was cut off had heard from its peers before (an old instant).
+                **id == m.id
+                    || m.heartbeat
+                        .as_ref()
+                        .and_then(|h| h.get(*id).cloned())
+                        .is_none_or(|t| t.is_none_or(|t| t.elapsed() <= within))
+            })
+            .count();
+        heard * 2 > voters.len()
+    }
+
     /// The gRPC service peers call; serve it on the member's port.
     pub fn peer_service(&self) -> RaftPeerServiceServer<PeerServer<S>> {
         RaftPeerServiceServer::new(PeerServer {
@@ -205,6 +255,7 @@ impl<S: StateMachine> Member<S> {
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
             started: self.started,
+            log: self.reader.clone(),
         })
         .max_decoding_message_size(256 << 20)
         .max_encoding_message_size(256 << 20)

@@ -22,6 +22,8 @@ pub struct PeerServer<S: crate::StateMachine> {
     /// Milliseconds since `started` when the last AppendEntries arrived (0 = never).
     pub(crate) last_append_ms: Arc<AtomicU64>,
     pub(crate) started: Instant,
+    /// Tells whether this member is repairing a log that lost entries it had stored.
+    pub(crate) log: crate::log_store::LogReader,
 }
 
 impl<S: crate::StateMachine> PeerServer<S> {
@@ -33,6 +35,19 @@ impl<S: crate::StateMachine> PeerServer<S> {
         let req = req.into_inner();
         self.check(req.header.as_ref())?;
         decode(&req.payload)
+    }
+
+    /// A member repairing a damaged log grants no vote and takes no leadership: it may have
+    /// acknowledged entries it no longer holds, so its vote could elect a leader without them.
+    fn not_repairing(&self, what: &str) -> Result<(), String> {
+        match self.log.repairing() {
+            Some((last, floor)) => Err(format!(
+                "{what} refused: node {} is repairing its log (holds up to index {last}, had \
+                 stored up to {floor})",
+                self.me.node_id
+            )),
+            None => Ok(()),
+        }
     }
 
     fn check(&self, h: Option<&PeerHeader>) -> Result<(), String> {
@@ -103,6 +118,9 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
+        if let Err(e) = self.not_repairing("vote") {
+            return refused(e);
+        }
         reply(self.raft.vote(rpc).await)
     }
 
@@ -111,6 +129,9 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
+        if let Err(e) = self.not_repairing("pre-vote") {
+            return refused(e);
+        }
         reply(self.raft.pre_vote(rpc).await)
     }
 
@@ -122,6 +143,9 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
+        if let Err(e) = self.not_repairing("leadership transfer") {
+            return refused(e);
+        }
         reply(self.raft.handle_transfer_leader(rpc).await)
     }
 

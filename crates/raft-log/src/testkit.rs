@@ -88,6 +88,7 @@ impl LocalGroup {
             broker: "broker-a".into(),
             node_id: id,
             initial_members: self.addrs.clone(),
+            peer_routes: Default::default(),
             data_dir: self.dir.join(format!("n{id}")),
             raft: self.raft.clone(),
         };

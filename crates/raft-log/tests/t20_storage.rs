@@ -121,7 +121,10 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
 }
 
 /// A flipped bit inside a sealed segment is caught by the CRC: that segment is cut there and every
-/// later segment is dropped, so the member never serves or votes with a damaged entry.
+/// later segment is dropped, so the member never serves a damaged entry. Recovery also reports how
+/// far the member had stored (`repair_floor`), and the member refuses to vote or campaign until
+/// replication has brought its log back there (regression for bug E: a node whose log was cut
+/// voted and led with it, and the group diverged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_flipped_bit_is_detected_by_crc() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,9 +166,69 @@ async fn t22_flipped_bit_is_detected_by_crc() {
     let state = store.get_log_state().await.unwrap();
     let last = state.last_log_id.unwrap().index;
     assert!(last < 6000 && last > 0);
+    // The later segments' names alone show it held entries past the cut.
+    assert!(
+        report.repair_floor > last,
+        "repair floor {} above the cut log's last index {last}",
+        report.repair_floor
+    );
+    assert_eq!(
+        store.reader().repairing(),
+        Some((last, report.repair_floor))
+    );
     let mut r = store.get_log_reader().await;
     assert_eq!(
         r.try_get_log_entries(1..=last).await.unwrap(),
         (1..=last).map(entry).collect::<Vec<_>>()
     );
+}
+
+/// A flipped bit inside one payload of the newest segment: recovery cuts the log before that
+/// record, yet follows the intact records after it and reports the last of them as the repair
+/// floor, so the member knows it had stored (and may have acknowledged) up to there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t23_repair_floor_sees_past_a_damaged_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = sled::Config::new()
+            .path(dir.path().join("meta"))
+            .open()
+            .unwrap();
+        let mut store = open(dir.path(), &db);
+        store
+            .append((1..=100).map(entry), IOFlushed::noop())
+            .await
+            .unwrap();
+        store
+            .save_vote(&openraft::impls::Vote::new(1, 1))
+            .await
+            .unwrap();
+    }
+    let seg = std::fs::read_dir(dir.path().join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    // Walk the record headers (format in record.rs) to the record of index 40.
+    let mut pos = 0usize;
+    loop {
+        let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+        let index = u64::from_le_bytes(bytes[pos + 8..pos + 16].try_into().unwrap());
+        if index == 40 {
+            bytes[pos + 32 + len / 2] ^= 0x10;
+            break;
+        }
+        pos += 32 + len;
+    }
+    std::fs::write(&seg, &bytes).unwrap();
+    let db = sled::Config::new()
+        .path(dir.path().join("meta"))
+        .open()
+        .unwrap();
+    let meta = Meta::new(db.open_tree("raft").unwrap());
+    let (store, report) =
+        LogStore::open(&dir.path().join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap();
+    assert_eq!(report.repair_floor, 100, "{report:?}");
+    assert_eq!(store.reader().repairing(), Some((39, 100)));
 }

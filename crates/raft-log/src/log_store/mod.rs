@@ -24,6 +24,7 @@ use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, mpsc};
 
 use openraft::OptionalSend;
@@ -50,6 +51,7 @@ pub struct LogStore {
     inner: Arc<RwLock<Inner>>,
     meta: Meta,
     flusher: Flusher,
+    repair: Arc<AtomicU64>,
 }
 
 /// A reader of the log, cloned into openraft's replication tasks and the broker's pull path.
@@ -57,6 +59,7 @@ pub struct LogStore {
 pub struct LogReader {
     inner: Arc<RwLock<Inner>>,
     meta: Meta,
+    repair: Arc<AtomicU64>,
 }
 
 /// What recovery found when the log was opened.
@@ -68,6 +71,11 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// Segments removed after a damaged record in an earlier segment.
     pub dropped_segments: usize,
+    /// The highest log index this member is known to have held before recovery: the committed
+    /// index it had persisted, and any index seen in records or segments past a damaged record.
+    /// Above the recovered last index, the member lost entries it may have acknowledged; it must
+    /// neither vote nor campaign until replication has brought it back to this index.
+    pub repair_floor: u64,
 }
 
 impl LogStore {
@@ -101,6 +109,8 @@ impl LogStore {
         for (i, (first, path)) in firsts.iter().enumerate() {
             let gap = expect_next.is_some_and(|n| *first > n && *first > purged_next);
             if damaged || gap || expect_next.is_some_and(|n| *first < n) {
+                // It held entries from `first` on: this member once stored at least that far.
+                report.repair_floor = report.repair_floor.max(*first);
                 // Everything after a damaged record, or after a gap, cannot be trusted to be dense.
                 tracing::error!(path = %path.display(), "removing log segment after a damaged record or gap");
                 std::fs::remove_file(path)?;
@@ -110,7 +120,8 @@ impl LogStore {
                 continue;
             }
             let is_last = i + 1 == firsts.len();
-            let (seg, cut) = Segment::recover(path, *first)?;
+            let (seg, cut, seen) = Segment::recover(path, *first)?;
+            report.repair_floor = report.repair_floor.max(seen);
             if cut > 0 {
                 report.truncated_bytes += cut;
                 if !is_last {
@@ -141,12 +152,28 @@ impl LogStore {
         };
         inner.last = inner.read_last_log_id()?.or(purged);
         sync_dir(dir)?;
+        if let Some(c) = meta.committed()? {
+            report.repair_floor = report.repair_floor.max(c.index);
+        }
+        let last_index = inner.last.map(|l| l.index).unwrap_or(0);
+        if report.repair_floor <= last_index {
+            report.repair_floor = 0;
+        } else {
+            tracing::error!(
+                last_index,
+                held_before = report.repair_floor,
+                "the log lost entries this member had stored; it will not vote or campaign until \
+                 replication brings it back to index {}",
+                report.repair_floor
+            );
+        }
         let flusher = Flusher::start(flush_mode);
         Ok((
             LogStore {
                 inner: Arc::new(RwLock::new(inner)),
                 meta,
                 flusher,
+                repair: Arc::new(AtomicU64::new(report.repair_floor)),
             },
             report,
         ))
@@ -156,6 +183,7 @@ impl LogStore {
         LogReader {
             inner: self.inner.clone(),
             meta: self.meta.clone(),
+            repair: self.repair.clone(),
         }
     }
 
@@ -340,6 +368,26 @@ impl LogReader {
     pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
         let g = self.inner.read().map_err(|_| poisoned())?;
         g.read_range(start, end)
+    }
+
+    /// While this member is repairing a log that lost entries it had stored (see
+    /// [`RecoveryReport::repair_floor`]): (last index held, index it must reach). None once it
+    /// has caught up; from then on it stays None.
+    pub fn repairing(&self) -> Option<(u64, u64)> {
+        let floor = self.repair.load(Ordering::Acquire);
+        if floor == 0 {
+            return None;
+        }
+        let last = self.inner.read().ok()?.last.map(|l| l.index).unwrap_or(0);
+        if last >= floor {
+            self.repair.store(0, Ordering::Release);
+            tracing::info!(
+                last,
+                "log repaired from peers: voting and campaigning again"
+            );
+            return None;
+        }
+        Some((last, floor))
     }
 
     /// The first index still present in the log, if any.

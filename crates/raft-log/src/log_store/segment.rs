@@ -44,7 +44,10 @@ impl Segment {
 
     /// Opens a segment and validates it record by record. Returns the segment holding the longest
     /// valid dense prefix and the number of bytes cut after it.
-    pub fn recover(path: &Path, first_index: u64) -> io::Result<(Segment, u64)> {
+    /// Opens a segment, keeping its longest valid prefix. Returns the segment, the bytes cut, and
+    /// the highest index seen in a record header (also past a damaged record whose length is
+    /// intact, as long as the records after it still check out): the member held that far.
+    pub fn recover(path: &Path, first_index: u64) -> io::Result<(Segment, u64, u64)> {
         let file = OpenOptions::new().read(true).append(true).open(path)?;
         let file_len = file.metadata()?.len();
         let mut positions = Vec::new();
@@ -72,6 +75,10 @@ impl Segment {
             positions.push(pos);
             pos += h.record_len();
         }
+        let seen = first_index + positions.len() as u64;
+        let seen = seen
+            .saturating_sub(1)
+            .max(salvage_scan(&file, pos, file_len, seen)?);
         let cut = file_len - pos;
         if cut > 0 {
             file.set_len(pos)?;
@@ -86,6 +93,7 @@ impl Segment {
                 len: pos,
             },
             cut,
+            seen,
         ))
     }
 
@@ -201,4 +209,35 @@ impl Segment {
         let _ = std::fs::remove_file(self.path.with_extension("durable"));
         std::fs::remove_file(&*self.path)
     }
+}
+
+/// Past the first bad record at `pos` (expected to hold `index`): if its header still names that
+/// index with a length inside the file, skip it and follow the chain of records after it, each
+/// with the next index and a good checksum. Returns the highest index so found (0 if none): a
+/// flipped bit inside a payload then still shows how far this member had stored.
+fn salvage_scan(file: &File, mut pos: u64, file_len: u64, mut index: u64) -> io::Result<u64> {
+    let mut seen = 0;
+    let mut payload = Vec::new();
+    let mut first = true;
+    while pos + HEADER_BYTES as u64 <= file_len {
+        let mut hb = [0u8; HEADER_BYTES];
+        file.read_exact_at(&mut hb, pos)?;
+        let h = Header::parse(&hb);
+        if h.index != index || h.payload_len > PAYLOAD_BYTES_MAX || pos + h.record_len() > file_len
+        {
+            break;
+        }
+        if !first {
+            payload.resize(h.payload_len as usize, 0);
+            file.read_exact_at(&mut payload, pos + HEADER_BYTES as u64)?;
+            if record::checksum(&hb[8..], &payload) != h.crc {
+                break;
+            }
+            seen = index;
+        }
+        first = false;
+        pos += h.record_len();
+        index += 1;
+    }
+    Ok(seen)
 }

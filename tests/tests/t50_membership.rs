@@ -1,0 +1,210 @@
+//! Membership changes against a real three-node group, through the `raftmq` command: a fourth
+//! node started with no peers joins with `raftmq node add` (learner, caught up, promoted to voter),
+//! holds every message, survives the old leader's death as a voter, and leaves with
+//! `raftmq node remove`. Bad requests are refused with a reason and change nothing.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use raftmq_proto::v1::*;
+use raftmq_tests::*;
+
+/// Runs `raftmq` against the cluster's nameserver; (success, stdout, stderr).
+fn raftmq(ns: &str, args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(bin("raftmq"))
+        .args(args)
+        .env("RAFTMQ_NAMESERVER", ns)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run raftmq");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+async fn send_batches(
+    p: &mut TestProducer,
+    n: usize,
+    acked: &mut BTreeMap<u64, Vec<u8>>,
+    tag: &str,
+) {
+    for i in 0..n {
+        let bodies: Vec<Vec<u8>> = (0..5)
+            .map(|j| format!("{tag}-{i}-{j}").into_bytes())
+            .collect();
+        match p
+            .send("members", 0, bodies.clone(), Duration::from_secs(20))
+            .await
+        {
+            SendOutcome::Acked(r) => {
+                assert_eq!(r.results.len(), bodies.len());
+                for (res, b) in r.results.iter().zip(bodies) {
+                    acked.insert(res.offset, b);
+                }
+            }
+            SendOutcome::Failed(e) => panic!("send {tag}-{i} failed: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t51_node_add_and_remove_through_the_command() {
+    let mut c = Cluster::start(3, &[]).await;
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(CreateTopicRequest {
+            name: "members".into(),
+            queues: 1,
+            update: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
+    let mut p = TestProducer::new(51, addrs);
+    let mut acked = BTreeMap::new();
+    send_batches(&mut p, 40, &mut acked, "before").await;
+
+    // Node 4: no peers, no data; it waits to be added.
+    let addr4 = format!("127.0.0.1:{}", free_port());
+    let data4 = c.dir.path().join("node4");
+    let log4 = std::fs::File::create(c.dir.path().join("node4.log")).unwrap();
+    let child = Command::new(bin("broker-node"))
+        .args(["--broker", "broker-a", "--node-id", "4", "--listen", &addr4])
+        .args(["--nameservers", &c.ns_addr, "--data-dir"])
+        .arg(&data4)
+        .env("RUST_LOG", "info,openraft=warn")
+        .stdout(Stdio::null())
+        .stderr(log4)
+        .spawn()
+        .expect("start node 4");
+    c.nodes.insert(
+        4,
+        NodeProc {
+            id: 4,
+            addr: addr4.clone(),
+            child: Some(child),
+            stopped: false,
+        },
+    );
+
+    // Bad input first: removing a voter that is not there is refused with the reason.
+    let (ok, _, err) = raftmq(
+        &c.ns_addr,
+        &["node", "remove", "--broker", "broker-a", "--node-id", "9"],
+    );
+    assert!(!ok && err.contains("not a voter"), "{err}");
+
+    let (ok, out, err) = raftmq(
+        &c.ns_addr,
+        &[
+            "node",
+            "add",
+            "--broker",
+            "broker-a",
+            "--node-id",
+            "4",
+            "--address",
+            &addr4,
+            "--json",
+        ],
+    );
+    assert!(ok, "node add failed: {err}\n{}", c.node_log(4));
+    let v = json(&out);
+    assert_eq!(v["node_id"], 4);
+    assert_eq!(v["role"], "voter");
+
+    // Every node, node 4 included, sees four voters; node 4 holds every acknowledged message.
+    let leader = c.leader().await;
+    let st = c.status(leader).await.expect("leader status");
+    let voters: Vec<u64> = st
+        .peers
+        .iter()
+        .filter(|p| p.voter)
+        .map(|p| p.node_id)
+        .collect();
+    assert!(voters.contains(&4), "voters {voters:?}");
+    let want: Vec<(u64, Vec<u8>)> = acked.iter().map(|(o, b)| (*o, b.clone())).collect();
+    let got = wait_for(
+        "node 4 to hold every message",
+        Duration::from_secs(30),
+        || {
+            let addr4 = addr4.clone();
+            let n = want.len();
+            async move {
+                read_queue(&addr4, "members", 0)
+                    .await
+                    .ok()
+                    .filter(|q| q.len() >= n)
+            }
+        },
+    )
+    .await;
+    assert_eq!(got, want);
+
+    // As a voter it counts: with the leader dead, nodes 4 and two others elect and commit.
+    c.kill(leader);
+    send_batches(&mut p, 20, &mut acked, "after-kill").await;
+    let new_leader = c.leader().await;
+    assert_ne!(new_leader, leader);
+    c.spawn(leader);
+    c.leader().await;
+
+    let (ok, out, err) = raftmq(
+        &c.ns_addr,
+        &[
+            "node",
+            "remove",
+            "--broker",
+            "broker-a",
+            "--node-id",
+            "4",
+            "--json",
+        ],
+    );
+    assert!(ok, "node remove failed: {err}");
+    let v = json(&out);
+    assert_eq!(v["removed"], 4);
+    assert_eq!(v["voters"], serde_json::json!([1, 2, 3]));
+    let leader = c.leader().await;
+    let st = c.status(leader).await.expect("leader status");
+    assert!(
+        !st.peers.iter().any(|p| p.node_id == 4 && p.voter),
+        "node 4 is still a voter: {:?}",
+        st.peers
+    );
+    // The group goes on without it, and nothing acknowledged was lost.
+    c.kill(4);
+    send_batches(&mut p, 10, &mut acked, "after-remove").await;
+    let want: Vec<(u64, Vec<u8>)> = acked.iter().map(|(o, b)| (*o, b.clone())).collect();
+    for id in [1u64, 2, 3] {
+        let addr = c.nodes[&id].addr.clone();
+        let n = want.len();
+        let got = wait_for(
+            "every node to hold every message",
+            Duration::from_secs(30),
+            || {
+                let addr = addr.clone();
+                async move {
+                    read_queue(&addr, "members", 0)
+                        .await
+                        .ok()
+                        .filter(|q| q.len() >= n)
+                }
+            },
+        )
+        .await;
+        assert_eq!(got, want, "node {id}");
+    }
+}

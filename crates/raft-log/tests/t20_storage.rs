@@ -29,6 +29,25 @@ fn open(dir: &std::path::Path, db: &sled::Db) -> LogStore {
         .0
 }
 
+/// A data dir whose log holds entries 1..=n (flushed) and a saved vote; the store is closed.
+async fn written_log(n: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path().join("meta"))
+        .open()
+        .unwrap();
+    let mut store = open(dir.path(), &db);
+    store
+        .append((1..=n).map(entry), IOFlushed::noop())
+        .await
+        .unwrap();
+    store
+        .save_vote(&openraft::impls::Vote::new(1, 1))
+        .await
+        .unwrap();
+    dir
+}
+
 struct Builder;
 impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<Nop>, tempfile::TempDir>
     for Builder
@@ -127,23 +146,8 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
 /// voted and led with it, and the group diverged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_flipped_bit_is_detected_by_crc() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let db = sled::Config::new()
-            .path(dir.path().join("meta"))
-            .open()
-            .unwrap();
-        let mut store = open(dir.path(), &db);
-        // 1 MiB segments: about 3,000 entries of ~350 bytes spread over several segments.
-        store
-            .append((1..=6000).map(entry), IOFlushed::noop())
-            .await
-            .unwrap();
-        store
-            .save_vote(&openraft::impls::Vote::new(1, 1))
-            .await
-            .unwrap();
-    }
+    // 1 MiB segments: about 3,000 entries of ~350 bytes spread over several segments.
+    let dir = written_log(6000).await;
     let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -188,22 +192,7 @@ async fn t22_flipped_bit_is_detected_by_crc() {
 /// floor, so the member knows it had stored (and may have acknowledged) up to there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t23_repair_floor_sees_past_a_damaged_payload() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let db = sled::Config::new()
-            .path(dir.path().join("meta"))
-            .open()
-            .unwrap();
-        let mut store = open(dir.path(), &db);
-        store
-            .append((1..=100).map(entry), IOFlushed::noop())
-            .await
-            .unwrap();
-        store
-            .save_vote(&openraft::impls::Vote::new(1, 1))
-            .await
-            .unwrap();
-    }
+    let dir = written_log(100).await;
     let seg = std::fs::read_dir(dir.path().join("log"))
         .unwrap()
         .map(|e| e.unwrap().path())

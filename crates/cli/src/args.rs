@@ -162,7 +162,7 @@ pub enum NodeCmd {
         broker: String,
         #[arg(long)]
         node_id: u64,
-        /// The new node's address (host:port), already running with --peers naming the group.
+        /// The new node's address (host:port); start it first with no --peers: it waits to be added.
         #[arg(long)]
         address: String,
         /// Leave it a learner.

@@ -650,10 +650,10 @@ fn power_loss(c: &Cluster, id: u64) -> Result<String, String> {
             Ok(b) => match <[u8; 8]>::try_from(b.as_slice()) {
                 Ok(a) => u64::from_le_bytes(a).to_string(),
                 Err(_) => {
-                    // The seam writes its record with `fs::write` (truncate, then write), so a
-                    // SIGKILL between the two leaves it empty and `simulate_power_loss` would drop
-                    // the whole segment, fsynced bytes included: more than a power loss does.
-                    // The true durable length is unknown; leave this segment whole.
+                    // The seam writes its record whole (a temporary file, then a rename); any
+                    // other length means the record is not the seam's, and the true durable
+                    // length is unknown: dropping the segment would be more than a power loss
+                    // does, so leave it whole and say so.
                     std::fs::write(&record, len.to_le_bytes()).map_err(|e| e.to_string())?;
                     format!("TORN record of {} bytes, segment left whole", b.len())
                 }

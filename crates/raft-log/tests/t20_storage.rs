@@ -5,7 +5,7 @@ use std::io::Write;
 use bytes::Bytes;
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use raftmq_raft_log::FlushMode;
-use raftmq_raft_log::log_store::{LogStore, meta::Meta};
+use raftmq_raft_log::log_store::{LogStore, RecoveryReport, meta::Meta};
 use raftmq_raft_log::state_machine::{Adapter, StateMachine};
 use raftmq_raft_log::types::{Entry, EntryPayload, Payload, TypeConfig, log_id};
 
@@ -22,20 +22,25 @@ impl StateMachine for Nop {
     }
 }
 
-fn open(dir: &std::path::Path, db: &sled::Db) -> LogStore {
+/// The metadata store (vote, committed, purged) of the data dir `dir`.
+fn meta_db(dir: &std::path::Path) -> sled::Db {
+    sled::Config::new().path(dir.join("meta")).open().unwrap()
+}
+
+/// Opens (recovering) the log of the data dir `dir` with 1 MiB segments.
+fn open_report(dir: &std::path::Path, db: &sled::Db) -> (LogStore, RecoveryReport) {
     let meta = Meta::new(db.open_tree("raft").unwrap());
-    LogStore::open(&dir.join("log"), meta, 1 << 20, FlushMode::Fsync)
-        .unwrap()
-        .0
+    LogStore::open(&dir.join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap()
+}
+
+fn open(dir: &std::path::Path, db: &sled::Db) -> LogStore {
+    open_report(dir, db).0
 }
 
 /// A data dir whose log holds entries 1..=n (flushed) and a saved vote; the store is closed.
 async fn written_log(n: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let db = sled::Config::new()
-        .path(dir.path().join("meta"))
-        .open()
-        .unwrap();
+    let db = meta_db(dir.path());
     let mut store = open(dir.path(), &db);
     store
         .append((1..=n).map(entry), IOFlushed::noop())
@@ -57,10 +62,7 @@ impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<Nop>, te
     ) -> Result<(tempfile::TempDir, LogStore, Adapter<Nop>), openraft::StorageError<TypeConfig>>
     {
         let dir = tempfile::tempdir().unwrap();
-        let db = sled::Config::new()
-            .path(dir.path().join("meta"))
-            .open()
-            .unwrap();
+        let db = meta_db(dir.path());
         let store = open(dir.path(), &db);
         let (sm, _) = Adapter::new(Nop, &dir.path().join("sm"), 1024).unwrap();
         Ok((dir, store, sm))
@@ -88,10 +90,7 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
     let dir = tempfile::tempdir().unwrap();
     let durable_len;
     {
-        let db = sled::Config::new()
-            .path(dir.path().join("meta"))
-            .open()
-            .unwrap();
+        let db = meta_db(dir.path());
         let mut store = open(dir.path(), &db);
         store
             .append((1..=100).map(entry), IOFlushed::noop())
@@ -119,13 +118,8 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
         let mut f = std::fs::OpenOptions::new().append(true).open(&seg).unwrap();
         f.write_all(&[0xAB; 11]).unwrap();
     }
-    let db = sled::Config::new()
-        .path(dir.path().join("meta"))
-        .open()
-        .unwrap();
-    let meta = Meta::new(db.open_tree("raft").unwrap());
-    let (mut store, report) =
-        LogStore::open(&dir.path().join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap();
+    let db = meta_db(dir.path());
+    let (mut store, report) = open_report(dir.path(), &db);
     assert_eq!(report.entries, 100);
     assert_eq!(report.truncated_bytes, 48);
     let mut r = store.get_log_reader().await;
@@ -158,13 +152,8 @@ async fn t22_flipped_bit_is_detected_by_crc() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x04;
     std::fs::write(&segs[0], &bytes).unwrap();
-    let db = sled::Config::new()
-        .path(dir.path().join("meta"))
-        .open()
-        .unwrap();
-    let meta = Meta::new(db.open_tree("raft").unwrap());
-    let (mut store, report) =
-        LogStore::open(&dir.path().join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap();
+    let db = meta_db(dir.path());
+    let (mut store, report) = open_report(dir.path(), &db);
     assert!(report.truncated_bytes > 0);
     assert_eq!(report.dropped_segments, segs.len() - 1);
     let state = store.get_log_state().await.unwrap();
@@ -211,13 +200,8 @@ async fn t23_repair_floor_sees_past_a_damaged_payload() {
         pos += 32 + len;
     }
     std::fs::write(&seg, &bytes).unwrap();
-    let db = sled::Config::new()
-        .path(dir.path().join("meta"))
-        .open()
-        .unwrap();
-    let meta = Meta::new(db.open_tree("raft").unwrap());
-    let (store, report) =
-        LogStore::open(&dir.path().join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap();
+    let db = meta_db(dir.path());
+    let (store, report) = open_report(dir.path(), &db);
     assert_eq!(report.repair_floor, 100, "{report:?}");
     assert_eq!(store.reader().repairing(), Some((39, 100)));
 }

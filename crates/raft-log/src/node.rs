@@ -197,9 +197,13 @@ impl<S: StateMachine> Member<S> {
             // them (votes are refused in the peer server meanwhile).
             raft.runtime_config().elect(false);
             let (raft2, reader2) = (raft.clone(), reader.clone());
+            let mut metrics = raft.metrics();
             tokio::spawn(async move {
+                // Every append moves the metrics; stop watching if the member shuts down.
                 while reader2.repairing().is_some() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if metrics.changed().await.is_err() {
+                        return;
+                    }
                 }
                 raft2.runtime_config().elect(true);
             });

@@ -37,16 +37,22 @@ impl<S: crate::StateMachine> PeerServer<S> {
         decode(&req.payload)
     }
 
-    /// A member repairing a damaged log grants no vote and takes no leadership: it may have
-    /// acknowledged entries it no longer holds, so its vote could elect a leader without them.
-    fn not_repairing(&self, what: &str) -> Result<(), String> {
+    /// As `admit`, for a request that elects: a member repairing a damaged log grants no vote
+    /// and takes no leadership, since it may have acknowledged entries it no longer holds and its
+    /// vote could elect a leader without them.
+    fn admit_electing<T: serde::de::DeserializeOwned>(
+        &self,
+        req: Request<RaftRequest>,
+        what: &str,
+    ) -> Result<T, String> {
+        let rpc = self.admit(req)?;
         match self.log.repairing() {
             Some((last, floor)) => Err(format!(
                 "{what} refused: node {} is repairing its log (holds up to index {last}, had \
                  stored up to {floor})",
                 self.me.node_id
             )),
-            None => Ok(()),
+            None => Ok(rpc),
         }
     }
 
@@ -114,24 +120,18 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit(req) {
+        let rpc = match self.admit_electing(req, "vote") {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
-        if let Err(e) = self.not_repairing("vote") {
-            return refused(e);
-        }
         reply(self.raft.vote(rpc).await)
     }
 
     async fn pre_vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit(req) {
+        let rpc = match self.admit_electing(req, "pre-vote") {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
-        if let Err(e) = self.not_repairing("pre-vote") {
-            return refused(e);
-        }
         reply(self.raft.pre_vote(rpc).await)
     }
 
@@ -139,13 +139,10 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit(req) {
+        let rpc = match self.admit_electing(req, "leadership transfer") {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
-        if let Err(e) = self.not_repairing("leadership transfer") {
-            return refused(e);
-        }
         reply(self.raft.handle_transfer_leader(rpc).await)
     }
 

@@ -42,43 +42,27 @@ impl Segment {
         })
     }
 
-    /// Opens a segment and validates it record by record. Returns the segment holding the longest
-    /// valid dense prefix and the number of bytes cut after it.
-    /// Opens a segment, keeping its longest valid prefix. Returns the segment, the bytes cut, and
-    /// the highest index seen in a record header (also past a damaged record whose length is
-    /// intact, as long as the records after it still check out): the member held that far.
+    /// Opens a segment and validates it record by record, keeping its longest valid dense prefix.
+    /// Returns the segment, the bytes cut after that prefix, and the highest index this member is
+    /// known to have held in it (also past a damaged record whose length is intact, as long as the
+    /// records after it still check out).
     pub fn recover(path: &Path, first_index: u64) -> io::Result<(Segment, u64, u64)> {
         let file = OpenOptions::new().read(true).append(true).open(path)?;
         let file_len = file.metadata()?.len();
         let mut positions = Vec::new();
         let mut pos = 0u64;
         let mut payload = Vec::new();
-        loop {
-            if pos + HEADER_BYTES as u64 > file_len {
-                break;
-            }
-            let mut hb = [0u8; HEADER_BYTES];
-            file.read_exact_at(&mut hb, pos)?;
-            let h = Header::parse(&hb);
-            let expected_index = first_index + positions.len() as u64;
-            if h.index != expected_index
-                || h.payload_len > PAYLOAD_BYTES_MAX
-                || pos + h.record_len() > file_len
-            {
-                break;
-            }
-            payload.resize(h.payload_len as usize, 0);
-            file.read_exact_at(&mut payload, pos + HEADER_BYTES as u64)?;
-            if record::checksum(&hb[8..], &payload) != h.crc {
-                break;
-            }
+        let index = |positions: &Vec<u64>| first_index + positions.len() as u64;
+        while let Check::Valid(len) =
+            check_record(&file, file_len, pos, index(&positions), &mut payload)?
+        {
             positions.push(pos);
-            pos += h.record_len();
+            pos += len;
         }
-        let seen = first_index + positions.len() as u64;
-        let seen = seen
-            .saturating_sub(1)
-            .max(salvage_scan(&file, pos, file_len, seen)?);
+        let seen = index(&positions);
+        let seen =
+            seen.saturating_sub(1)
+                .max(salvage_scan(&file, file_len, pos, seen, &mut payload)?);
         let cut = file_len - pos;
         if cut > 0 {
             file.set_len(pos)?;
@@ -211,32 +195,61 @@ impl Segment {
     }
 }
 
-/// Past the first bad record at `pos` (expected to hold `index`): if its header still names that
-/// index with a length inside the file, skip it and follow the chain of records after it, each
-/// with the next index and a good checksum. Returns the highest index so found (0 if none): a
-/// flipped bit inside a payload then still shows how far this member had stored.
-fn salvage_scan(file: &File, mut pos: u64, file_len: u64, mut index: u64) -> io::Result<u64> {
+/// What the record at a position is.
+enum Check {
+    /// A whole record of the expected index with a good checksum, this many bytes long.
+    Valid(u64),
+    /// A header of the expected index whose record fits in the file, but a bad checksum.
+    BadChecksum(u64),
+    /// Anything else: past the end, a torn record, another index, a garbage length.
+    Invalid,
+}
+
+/// Checks the record at `pos`, which should hold `index` (format in [`record`]).
+fn check_record(
+    file: &File,
+    file_len: u64,
+    pos: u64,
+    index: u64,
+    payload: &mut Vec<u8>,
+) -> io::Result<Check> {
+    if pos + HEADER_BYTES as u64 > file_len {
+        return Ok(Check::Invalid);
+    }
+    let mut hb = [0u8; HEADER_BYTES];
+    file.read_exact_at(&mut hb, pos)?;
+    let h = Header::parse(&hb);
+    if h.index != index || h.payload_len > PAYLOAD_BYTES_MAX || pos + h.record_len() > file_len {
+        return Ok(Check::Invalid);
+    }
+    payload.resize(h.payload_len as usize, 0);
+    file.read_exact_at(payload, pos + HEADER_BYTES as u64)?;
+    Ok(if record::checksum(&hb[8..], payload) == h.crc {
+        Check::Valid(h.record_len())
+    } else {
+        Check::BadChecksum(h.record_len())
+    })
+}
+
+/// Past the first bad record at `pos` (expected to hold `index`): if only its checksum is bad,
+/// skip it and follow the chain of valid records after it. Returns the highest index so found
+/// (0 if none): a flipped bit inside a payload then still shows how far this member had stored.
+fn salvage_scan(
+    file: &File,
+    file_len: u64,
+    mut pos: u64,
+    mut index: u64,
+    payload: &mut Vec<u8>,
+) -> io::Result<u64> {
+    let Check::BadChecksum(len) = check_record(file, file_len, pos, index, payload)? else {
+        return Ok(0);
+    };
+    pos += len;
+    index += 1;
     let mut seen = 0;
-    let mut payload = Vec::new();
-    let mut first = true;
-    while pos + HEADER_BYTES as u64 <= file_len {
-        let mut hb = [0u8; HEADER_BYTES];
-        file.read_exact_at(&mut hb, pos)?;
-        let h = Header::parse(&hb);
-        if h.index != index || h.payload_len > PAYLOAD_BYTES_MAX || pos + h.record_len() > file_len
-        {
-            break;
-        }
-        if !first {
-            payload.resize(h.payload_len as usize, 0);
-            file.read_exact_at(&mut payload, pos + HEADER_BYTES as u64)?;
-            if record::checksum(&hb[8..], &payload) != h.crc {
-                break;
-            }
-            seen = index;
-        }
-        first = false;
-        pos += h.record_len();
+    while let Check::Valid(len) = check_record(file, file_len, pos, index, payload)? {
+        seen = index;
+        pos += len;
         index += 1;
     }
     Ok(seen)

@@ -458,20 +458,15 @@ impl BrokerService for Broker {
                 ),
             ));
         }
-        // CheckQuorum: a leader that has heard from no majority of its group for longer than an
-        // election timeout is cut off and nothing it proposes can commit. Refuse before proposing
-        // (so nothing is stored), and the producer turns to the other nodes at once.
-        let raft = &self.node.cfg.raft;
-        let contact =
-            Duration::from_millis(raft.election_timeout_ms_max + 2 * raft.heartbeat_interval_ms);
-        if !self.node.member.leader_in_contact(contact) {
+        // CheckQuorum: a leader cut off from a majority of its group cannot commit anything.
+        // Refuse before proposing (so nothing is stored), and the producer turns to the other
+        // nodes at once.
+        let mut cut_off = self.node.member.cut_off();
+        if *cut_off.borrow_and_update() {
             return fail(e(
                 ErrorCode::Unavailable,
-                format!(
-                    "this leader has heard from no majority of its group for {} ms; it cannot \
-                     commit and a new leader is being elected",
-                    contact.as_millis()
-                ),
+                "this leader has heard from no majority of its group for an election timeout; it \
+                 cannot commit and a new leader is being elected",
             ));
         }
         let Ok(_permit) = self.node.inflight.clone().try_acquire_owned() else {
@@ -504,18 +499,9 @@ impl BrokerService for Broker {
         // A leader cut off while the send waits cannot commit it: answer as soon as that shows
         // (the outcome is then unknown: the producer retries with the same id and sequence
         // elsewhere, and the producer window stores it once) instead of at the caller's timeout.
-        let proposal = self.propose(cmd);
-        let cut_off = async {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if !self.node.member.leader_in_contact(contact) {
-                    return;
-                }
-            }
-        };
         let outcome = tokio::select! {
-            r = proposal => r,
-            _ = cut_off => Err(e(
+            r = self.propose(cmd) => r,
+            Ok(_) = cut_off.wait_for(|c| *c) => Err(e(
                 ErrorCode::Unavailable,
                 "this leader lost contact with its group while the send awaited commit; it may \
                  or may not be stored: retry with the same producer id and sequence",

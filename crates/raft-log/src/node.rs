@@ -113,6 +113,8 @@ pub struct Member<S: StateMachine> {
     last_append_ms: Arc<AtomicU64>,
     started: Instant,
     status_rx: watch::Receiver<Status>,
+    /// True while this member leads but has heard from no majority for the CheckQuorum window.
+    cut_off_rx: watch::Receiver<bool>,
     recovery: RecoveryReport,
     _db: sled::Db,
 }
@@ -211,6 +213,15 @@ impl<S: StateMachine> Member<S> {
         let last_append_ms = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
+        let (cut_off_tx, cut_off_rx) = watch::channel(false);
+        spawn_check_quorum(
+            raft.clone(),
+            cut_off_tx,
+            Duration::from_millis(cfg.raft.heartbeat_interval_ms.max(1)),
+            Duration::from_millis(
+                cfg.raft.election_timeout_ms_max + 2 * cfg.raft.heartbeat_interval_ms,
+            ),
+        );
         spawn_status_task(raft.clone(), status_tx, last_append_ms.clone(), started);
         Ok(Member {
             raft,
@@ -221,35 +232,19 @@ impl<S: StateMachine> Member<S> {
             last_append_ms,
             started,
             status_rx,
+            cut_off_rx,
             recovery,
             _db: db,
         })
     }
 
-    /// On a leader: whether a majority of the voters, itself included, answered it within
-    /// `within` (etcd's CheckQuorum). openraft keeps a cut-off leader in its role until it hears a
-    /// higher term; the broker refuses new sends on such a leader at once instead of letting them
-    /// wait for a commit that cannot come. False on a follower.
-    pub fn leader_in_contact(&self, within: Duration) -> bool {
-        let rx = self.raft.metrics();
-        let m = rx.borrow_watched();
-        if m.state != ServerState::Leader {
-            return false;
-        }
-        let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
-        let heard = voters
-            .iter()
-            .filter(|id| {
-                // Not heard from yet counts as in contact: a new leader has not had the time, and
-                // a leader that was cut off had heard from its peers before (an old instant).
-                **id == m.id
-                    || m.heartbeat
-                        .as_ref()
-                        .and_then(|h| h.get(*id).cloned())
-                        .is_none_or(|t| t.is_none_or(|t| t.elapsed() <= within))
-            })
-            .count();
-        heard * 2 > voters.len()
+    /// CheckQuorum (as etcd's): true while this member leads but has heard from no majority of
+    /// the voters, itself included, for an election timeout plus two heartbeats. openraft keeps a
+    /// cut-off leader in its role until it hears a higher term; the broker watches this to refuse
+    /// sends at once instead of letting them wait for a commit that cannot come. One task per
+    /// member updates it every heartbeat interval; it changes only on a transition.
+    pub fn cut_off(&self) -> watch::Receiver<bool> {
+        self.cut_off_rx.clone()
     }
 
     /// The gRPC service peers call; serve it on the member's port.
@@ -475,6 +470,45 @@ fn initial_status(node_id: u64) -> Status {
         peers: Vec::new(),
         millis_since_leader_contact: None,
     }
+}
+
+/// Keeps `tx` (see [`Member::cut_off`]) up to date every `tick`, until the member shuts down.
+fn spawn_check_quorum<S: StateMachine>(
+    raft: Raft<Adapter<S>>,
+    tx: watch::Sender<bool>,
+    tick: Duration,
+    within: Duration,
+) {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(tick);
+        loop {
+            interval.tick().await;
+            let cut_off = {
+                let rx = raft.metrics();
+                let m = rx.borrow_watched();
+                if m.state == ServerState::Shutdown {
+                    return;
+                }
+                m.state == ServerState::Leader && {
+                    let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+                    let heard = voters
+                        .iter()
+                        .filter(|id| {
+                            // Not heard from yet counts as in contact: a new leader has not had
+                            // the time, and a cut-off leader had heard from its peers before.
+                            **id == m.id
+                                || m.heartbeat
+                                    .as_ref()
+                                    .and_then(|h| h.get(*id).cloned())
+                                    .is_none_or(|t| t.is_none_or(|t| t.elapsed() <= within))
+                        })
+                        .count();
+                    heard * 2 <= voters.len()
+                }
+            };
+            tx.send_if_modified(|cur| std::mem::replace(cur, cut_off) != cut_off);
+        }
+    });
 }
 
 fn spawn_status_task<S: StateMachine>(

@@ -287,6 +287,28 @@ impl Cluster {
         .await
     }
 
+    /// The client addresses of every node.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.values().map(|n| n.addr.clone()).collect()
+    }
+
+    /// Creates a topic on the agreed leader; panics with the broker's error if it refuses.
+    pub async fn create_topic(&self, name: &str, queues: u32) {
+        let leader = self.leader().await;
+        let r = self
+            .client(leader)
+            .await
+            .create_topic(CreateTopicRequest {
+                name: name.into(),
+                queues,
+                update: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    }
+
     pub fn node_log(&self, id: u64) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("node{id}.log"))).unwrap_or_default()
     }

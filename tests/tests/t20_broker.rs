@@ -12,23 +12,7 @@ const TOPIC: &str = "orders";
 const QUEUES: u32 = 4;
 
 async fn create_topic(c: &Cluster) {
-    let leader = c.leader().await;
-    let r = c
-        .client(leader)
-        .await
-        .create_topic(CreateTopicRequest {
-            name: TOPIC.into(),
-            queues: QUEUES,
-            update: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
-}
-
-fn addrs(c: &Cluster) -> Vec<String> {
-    c.nodes.values().map(|n| n.addr.clone()).collect()
+    c.create_topic(TOPIC, QUEUES).await;
 }
 
 /// Every acknowledged (queue, offset, body) is on every node, and no body is stored twice.
@@ -77,7 +61,7 @@ async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
         .into_inner();
     assert_eq!(code(&r.error), ErrorCode::Ok);
 
-    let mut p = TestProducer::new(42, addrs(&c));
+    let mut p = TestProducer::new(42, c.addrs());
     let mut acked = BTreeMap::new();
     let mut outage = Duration::ZERO;
     let mut killed_at = None;
@@ -307,7 +291,7 @@ async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
     let mut c = Cluster::start(3, &[]).await;
     create_topic(&c).await;
     let leader = c.leader().await;
-    let mut p = TestProducer::new(9, addrs(&c));
+    let mut p = TestProducer::new(9, c.addrs());
     let mut acked = BTreeMap::new();
     for i in 0..30u32 {
         let bodies: Vec<Vec<u8>> = (0..3).map(|j| format!("r-{i}-{j}").into_bytes()).collect();
@@ -484,7 +468,7 @@ async fn t26_wiped_follower_rejoins_and_holds_every_message() {
     let mut c = Cluster::start(3, &[]).await;
     create_topic(&c).await;
     let leader = c.leader().await;
-    let mut p = TestProducer::new(11, addrs(&c));
+    let mut p = TestProducer::new(11, c.addrs());
     let mut acked = BTreeMap::new();
     for i in 0..40u32 {
         let body = format!("w-{i}").into_bytes();
@@ -544,7 +528,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
     .unwrap();
     let mut c = Cluster::start(3, &["--config", conf.to_str().unwrap()]).await;
     create_topic(&c).await;
-    let mut p = TestProducer::new(13, addrs(&c));
+    let mut p = TestProducer::new(13, c.addrs());
     let mut acked = BTreeMap::new();
     for i in 0..40u32 {
         let bodies: Vec<Vec<u8>> = (0..10)

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use raftmq_proto::v1::*;
 use raftmq_tests::*;
 
 /// Runs `raftmq` against the cluster's nameserver; (success, stdout, stderr).
@@ -76,21 +75,8 @@ async fn assert_holds(addr: &str, acked: &BTreeMap<u64, Vec<u8>>, who: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t51_node_add_and_remove_through_the_command() {
     let mut c = Cluster::start(3, &[]).await;
-    let leader = c.leader().await;
-    let r = c
-        .client(leader)
-        .await
-        .create_topic(CreateTopicRequest {
-            name: "members".into(),
-            queues: 1,
-            update: false,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
-    let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
-    let mut p = TestProducer::new(51, addrs);
+    c.create_topic("members", 1).await;
+    let mut p = TestProducer::new(51, c.addrs());
     let mut acked = BTreeMap::new();
     send_batches(&mut p, 40, &mut acked, "before").await;
 

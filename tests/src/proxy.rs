@@ -12,7 +12,6 @@
 //! lost or reordered by the proxy itself.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -117,7 +116,8 @@ async fn wait_open(rx: &mut watch::Receiver<bool>) -> bool {
 }
 
 async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<bool>) {
-    let conns = Arc::new(tokio::sync::Mutex::new(tokio::task::JoinSet::new()));
+    // Owned here, so aborting this task (the proxy dropped) aborts every connection too.
+    let mut conns = tokio::task::JoinSet::new();
     loop {
         let Ok((inbound, _)) = listener.accept().await else {
             return;
@@ -125,7 +125,7 @@ async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<
         let _ = inbound.set_nodelay(true);
         let target = target.clone();
         let mut rx = rx.clone();
-        conns.lock().await.spawn(async move {
+        conns.spawn(async move {
             // A cut link forwards no new connection either: hold it until healed.
             if !wait_open(&mut rx).await {
                 return;
@@ -143,8 +143,7 @@ async fn accept_loop(listener: TcpListener, target: String, rx: watch::Receiver<
             }
         });
         // Reap finished connections so the set does not grow without bound.
-        let mut g = conns.lock().await;
-        while g.try_join_next().is_some() {}
+        while conns.try_join_next().is_some() {}
     }
 }
 

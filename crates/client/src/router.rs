@@ -614,22 +614,31 @@ mod tests {
     async fn pauses_end_when_a_leader_is_heard_of() {
         let r = router();
         r.merge_route(&route(5, 1));
-        let r2 = r.clone();
         let started = Instant::now();
-        let waker = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            r2.note_leader(
+        let r2 = r.clone();
+        let pause = tokio::spawn(async move {
+            let mut backoff = Duration::from_secs(10);
+            r2.pause(&mut backoff, Instant::now() + Duration::from_secs(10))
+                .await;
+        });
+        // Leaders change until the pause has ended (it hears of changes once it has started);
+        // its own backoff is at least 5 s.
+        let mut next = 2;
+        while !pause.is_finished() {
+            assert!(
+                started.elapsed() < Duration::from_secs(4),
+                "the pause did not end on a leader change"
+            );
+            r.note_leader(
                 "b",
                 &v1::NodeRef {
-                    node_id: 2,
-                    address: "h:2".into(),
+                    node_id: next,
+                    address: format!("h:{next}"),
                 },
             );
-        });
-        let mut backoff = Duration::from_secs(10);
-        r.pause(&mut backoff, Instant::now() + Duration::from_secs(10))
-            .await;
-        assert!(started.elapsed() < Duration::from_secs(5));
-        waker.await.expect("waker");
+            next = if next == 2 { 3 } else { 2 };
+            tokio::task::yield_now().await;
+        }
+        pause.await.expect("pause");
     }
 }

@@ -12,8 +12,24 @@ pub struct StoredBody {
     pub properties: Vec<(String, String)>,
 }
 
+/// A stored message as apply reads it: every field borrowed from the entry, nothing copied. Same
+/// encoding as [`StoredBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BodyView<'a> {
+    #[serde(borrow)]
+    pub key: &'a str,
+    #[serde(borrow)]
+    pub tag: &'a str,
+    #[serde(borrow)]
+    pub body: &'a [u8],
+    #[serde(borrow)]
+    pub properties: Vec<(&'a str, &'a str)>,
+}
+
+/// A replicated command, generic over how its messages are held: owned ([`Command`], to build
+/// and to serve pulls) or borrowed ([`CommandView`], for apply, which only counts them).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Command {
+pub enum CommandOf<B> {
     CreateTopic {
         name: String,
         queues: u32,
@@ -29,7 +45,7 @@ pub enum Command {
         sequence: u64,
         /// Set by the leader before proposing, so every replica stores the same timestamp.
         timestamp_ms: u64,
-        messages: Vec<StoredBody>,
+        messages: Vec<B>,
     },
     CommitOffset {
         group: String,
@@ -61,11 +77,21 @@ pub enum Reply {
     Invalid(String),
 }
 
+pub type Command = CommandOf<StoredBody>;
+pub type CommandView<'a> = CommandOf<BodyView<'a>>;
+
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).expect("commands always encode")
     }
     pub fn decode(b: &[u8]) -> Result<Command, postcard::Error> {
+        postcard::from_bytes(b)
+    }
+}
+
+impl<'a> CommandView<'a> {
+    /// Decodes without copying message bodies, keys, tags or properties.
+    pub fn view(b: &'a [u8]) -> Result<CommandView<'a>, postcard::Error> {
         postcard::from_bytes(b)
     }
 }
@@ -82,4 +108,60 @@ impl Reply {
 /// The id of a stored message: broker group, Raft index of its batch, position in the batch.
 pub fn msg_id(broker: &str, log_index: u64, position: u32) -> String {
     format!("{broker}-{log_index:016X}-{position:04X}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_reads_what_the_owned_command_wrote() {
+        let cmd = Command::Send {
+            topic: "orders".into(),
+            queue: 3,
+            producer_id: 9,
+            sequence: 4,
+            timestamp_ms: 17,
+            messages: vec![
+                StoredBody {
+                    key: "k1".into(),
+                    tag: "t".into(),
+                    body: vec![1, 2, 3],
+                    properties: vec![("a".into(), "b".into())],
+                },
+                StoredBody {
+                    key: String::new(),
+                    tag: String::new(),
+                    body: vec![0; 1024],
+                    properties: vec![],
+                },
+            ],
+        };
+        let bytes = cmd.encode();
+        let CommandView::Send {
+            topic,
+            queue,
+            producer_id,
+            sequence,
+            timestamp_ms,
+            messages,
+        } = CommandView::view(&bytes).unwrap()
+        else {
+            panic!("not a send");
+        };
+        assert_eq!(
+            (topic.as_str(), queue, producer_id, sequence, timestamp_ms),
+            ("orders", 3, 9, 4, 17)
+        );
+        assert_eq!(messages.len(), 2);
+        assert_eq!(
+            (messages[0].key, messages[0].tag, messages[0].body),
+            ("k1", "t", &[1u8, 2, 3][..])
+        );
+        assert_eq!(messages[0].properties, vec![("a", "b")]);
+        assert_eq!(messages[1].body, &[0u8; 1024][..]);
+        // The body is borrowed from the encoded entry, not copied.
+        let range = bytes.as_ptr_range();
+        assert!(range.contains(&messages[1].body.as_ptr()));
+    }
 }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, Reply};
+use crate::command::{CommandView, Reply};
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
@@ -91,9 +91,9 @@ impl BrokerState {
         self.topics.get(topic)?.queues.get(queue as usize)
     }
 
-    fn apply_command(&mut self, index: u64, cmd: Command) -> Reply {
+    fn apply_command(&mut self, index: u64, cmd: CommandView) -> Reply {
         match cmd {
-            Command::CreateTopic {
+            CommandView::CreateTopic {
                 name,
                 queues,
                 update,
@@ -124,7 +124,7 @@ impl BrokerState {
                 self.topic_version += 1;
                 Reply::Ok
             }
-            Command::DeleteTopic { name } => {
+            CommandView::DeleteTopic { name } => {
                 if self.topics.remove(&name).is_none() {
                     return Reply::TopicNotFound(name);
                 }
@@ -132,7 +132,7 @@ impl BrokerState {
                 self.topic_version += 1;
                 Reply::Ok
             }
-            Command::Send {
+            CommandView::Send {
                 topic,
                 queue,
                 producer_id,
@@ -179,7 +179,7 @@ impl BrokerState {
                     duplicate: false,
                 }
             }
-            Command::Trim { upto_log_index } => {
+            CommandView::Trim { upto_log_index } => {
                 if upto_log_index <= self.trimmed_index {
                     return Reply::Ok;
                 }
@@ -198,7 +198,7 @@ impl BrokerState {
                 }
                 Reply::Ok
             }
-            Command::CommitOffset {
+            CommandView::CommitOffset {
                 group,
                 topic,
                 queue,
@@ -237,7 +237,7 @@ impl BrokerState {
 impl raftmq_raft_log::StateMachine for BrokerState {
     fn apply(&mut self, index: u64, _term: u64, payload: &[u8]) -> Bytes {
         self.last_applied = index;
-        let reply = match Command::decode(payload) {
+        let reply = match CommandView::view(payload) {
             Ok(cmd) => self.apply_command(index, cmd),
             Err(e) => Reply::Invalid(format!("undecodable command at index {index}: {e}")),
         };
@@ -264,7 +264,7 @@ impl raftmq_raft_log::StateMachine for BrokerState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::StoredBody;
+    use crate::command::{Command, StoredBody};
     use raftmq_raft_log::StateMachine;
 
     fn send(st: &mut BrokerState, index: u64, producer: u64, seq: u64, n: usize) -> Reply {
@@ -434,7 +434,7 @@ mod tests {
 #[cfg(test)]
 mod retention_tests {
     use super::*;
-    use crate::command::StoredBody;
+    use crate::command::{Command, StoredBody};
     use raftmq_raft_log::StateMachine;
 
     #[test]

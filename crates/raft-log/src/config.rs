@@ -52,6 +52,9 @@ pub struct RaftConfig {
     /// The state is checkpointed at every multiple of this log index; retention snapshots and
     /// purges at the newest checkpoint below its trim point.
     pub checkpoint_every_entries: u64,
+    /// Send appends to a follower without waiting for the previous one's answer (one ordered
+    /// gRPC stream per follower). Off: one AppendEntries RPC at a time.
+    pub pipeline_appends: bool,
 }
 
 impl Default for RaftConfig {
@@ -67,6 +70,7 @@ impl Default for RaftConfig {
             max_payload_entries: MAX_PAYLOAD_ENTRIES_DEFAULT,
             peer_secret: None,
             checkpoint_every_entries: CHECKPOINT_EVERY_ENTRIES_DEFAULT,
+            pipeline_appends: true,
         }
     }
 }

@@ -4,10 +4,15 @@
 //!
 //! openraft's requests and replies travel as postcard bytes inside `RaftRequest`/`RaftReply`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use openraft::OptionalSend;
+use openraft::raft::StreamAppendResult;
 
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
@@ -52,14 +57,20 @@ pub struct NetworkFactory {
     /// Peer id → the address to dial instead of the membership's.
     routes: Arc<std::collections::BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
+    pipeline: bool,
 }
 
 impl NetworkFactory {
-    pub fn new(me: Identity, routes: std::collections::BTreeMap<NodeId, String>) -> NetworkFactory {
+    pub fn new(
+        me: Identity,
+        routes: std::collections::BTreeMap<NodeId, String>,
+        pipeline: bool,
+    ) -> NetworkFactory {
         NetworkFactory {
             me,
             routes: Arc::new(routes),
             channels: Arc::new(Mutex::new(HashMap::new())),
+            pipeline,
         }
     }
 
@@ -106,6 +117,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             me: self.me.clone(),
             target,
             channel,
+            pipeline: self.pipeline,
         }
     }
 }
@@ -114,6 +126,7 @@ pub struct PeerClient {
     me: Identity,
     target: NodeId,
     channel: Result<Channel, String>,
+    pipeline: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +208,105 @@ impl PeerClient {
     }
 }
 
+/// The replies of a pipelined append stream, in request order.
+type AppendReplies<'s> =
+    BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
+
+impl PeerClient {
+    /// Opens the ordered `AppendStream` to the follower. Requests go out as openraft yields them,
+    /// without waiting for earlier answers. A request unanswered for the RPC deadline ends the
+    /// stream with an error (the follower is gone, paused or cut off); openraft then opens a new
+    /// one from the last acknowledged entry.
+    async fn open_append_stream<S>(
+        &mut self,
+        input: S,
+        option: RPCOption,
+    ) -> Result<AppendReplies<'static>, RPCError<TypeConfig>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        let mut client = self.client()?;
+        let ttl = option.hard_ttl();
+        let target = self.target;
+        // When each request still unanswered was sent, oldest first.
+        let sent: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
+        let mut header = Some(self.me.header());
+        let sent_in = sent.clone();
+        let requests = input.map(move |req| {
+            if let Ok(mut q) = sent_in.lock() {
+                q.push_back(Instant::now());
+            }
+            RaftRequest {
+                header: header.take(),
+                // An unencodable request (never seen) goes out empty: the follower refuses it,
+                // which ends the stream with an error.
+                payload: encode(&req).unwrap_or_default(),
+            }
+        });
+        let replies = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
+            Err(_) => {
+                return Err(network(format!(
+                    "peer {target} did not open the append stream within {ttl:?}"
+                )));
+            }
+            Ok(Err(status)) => return Err(status_to_rpc(target, status)),
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let strm = futures::stream::unfold(Some(replies), move |state| {
+            let sent = sent.clone();
+            async move {
+                let mut replies = state?;
+                let item = next_append_reply(target, &mut replies, &sent, ttl).await;
+                match item {
+                    Some(Ok(Ok(m))) => Some((Ok(Ok(m)), Some(replies))),
+                    Some(other) => Some((other, None)),
+                    None => None,
+                }
+            }
+        });
+        Ok(Box::pin(strm))
+    }
+}
+
+/// Waits for the next reply of an append stream, failing once the oldest unanswered request is
+/// older than `ttl`. None: the follower closed the stream after answering everything.
+async fn next_append_reply(
+    target: NodeId,
+    replies: &mut tonic::Streaming<RaftReply>,
+    sent: &Mutex<VecDeque<Instant>>,
+    ttl: Duration,
+) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+    loop {
+        let oldest = sent.lock().ok().and_then(|q| q.front().copied());
+        // With nothing outstanding there is nothing to time; look again after `ttl` in case a
+        // request went out meanwhile. `message()` keeps its progress across a timeout.
+        let deadline = oldest.map_or(Instant::now() + ttl, |t| t + ttl);
+        match tokio::time::timeout_at(deadline.into(), replies.message()).await {
+            Err(_) if oldest.is_some() => {
+                return Some(Err(network(format!(
+                    "peer {target} did not answer an append within {ttl:?}"
+                ))));
+            }
+            Err(_) => continue,
+            Ok(Err(status)) => return Some(Err(status_to_rpc(target, status))),
+            Ok(Ok(None)) => {
+                let unanswered = sent.lock().map(|q| q.len()).unwrap_or(0);
+                return (unanswered > 0).then(|| {
+                    Err(network(format!(
+                        "peer {target} closed the append stream with {unanswered} appends unanswered"
+                    )))
+                });
+            }
+            Ok(Ok(Some(reply))) => {
+                if let Ok(mut q) = sent.lock() {
+                    q.pop_front();
+                }
+                return Some(reply_payload(target, reply));
+            }
+        }
+    }
+}
+
 fn status_to_rpc(target: NodeId, status: tonic::Status) -> RPCError<TypeConfig> {
     let m = format!("peer {target}: {status}");
     if status.code() == tonic::Code::Unavailable {
@@ -223,6 +335,23 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.call(Kind::Append, &rpc, &option).await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AppendReplies<'s>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        if !self.pipeline {
+            return openraft::network::stream_append_sequential(self, input, option);
+        }
+        Box::pin(async move {
+            let replies: AppendReplies<'s> = self.open_append_stream(input, option).await?;
+            Ok(replies)
+        })
     }
 
     async fn vote(

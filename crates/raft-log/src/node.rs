@@ -160,7 +160,11 @@ impl<S: StateMachine> Member<S> {
             node_id: cfg.node_id,
             secret: cfg.raft.peer_secret.clone(),
         };
-        let net = NetworkFactory::new(me.clone(), cfg.peer_routes.clone());
+        let net = NetworkFactory::new(
+            me.clone(),
+            cfg.peer_routes.clone(),
+            cfg.raft.pipeline_appends,
+        );
         let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;

@@ -14,7 +14,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::network::{Identity, decode, encode};
 use crate::state_machine::{Adapter, Snapshot};
-use crate::types::{Raft, SnapshotMeta, Vote};
+use crate::types::{Raft, SnapshotMeta, TypeConfig, Vote};
+use openraft::raft::AppendEntriesRequest;
 
 pub struct PeerServer<S: crate::StateMachine> {
     pub(crate) raft: Raft<Adapter<S>>,
@@ -57,19 +58,67 @@ impl<S: crate::StateMachine> PeerServer<S> {
     }
 
     fn check(&self, h: Option<&PeerHeader>) -> Result<(), String> {
-        let h = h.ok_or("missing peer header")?;
-        if h.cluster != self.me.cluster || h.broker != self.me.broker {
-            return Err(format!(
-                "request from {}/{} refused by a member of {}/{}",
-                h.cluster, h.broker, self.me.cluster, self.me.broker
-            ));
+        check_header(&self.me, h)
+    }
+}
+
+fn check_header(me: &Identity, h: Option<&PeerHeader>) -> Result<(), String> {
+    let h = h.ok_or("missing peer header")?;
+    if h.cluster != me.cluster || h.broker != me.broker {
+        return Err(format!(
+            "request from {}/{} refused by a member of {}/{}",
+            h.cluster, h.broker, me.cluster, me.broker
+        ));
+    }
+    if let Some(secret) = &me.secret
+        && &h.secret != secret
+    {
+        return Err("peer secret does not match".into());
+    }
+    Ok(())
+}
+
+/// Checks the requests of one append stream as they arrive.
+struct AdmitAppends {
+    me: Identity,
+    last_append_ms: Arc<AtomicU64>,
+    started: Instant,
+    stopped: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl AdmitAppends {
+    /// The decoded request, or None (the reason stored in `stopped`) to end the stream. The first
+    /// request must carry the peer header; a later one may repeat it.
+    fn admit(
+        &self,
+        next: Option<Result<RaftRequest, Status>>,
+        checked: bool,
+    ) -> Option<AppendEntriesRequest<TypeConfig>> {
+        let r = match next? {
+            Err(status) => Err(format!("append stream broke: {status}")),
+            Ok(req) => {
+                let header = match (&req.header, checked) {
+                    (None, true) => Ok(()),
+                    (h, _) => check_header(&self.me, h.as_ref()),
+                };
+                header.and_then(|()| decode(&req.payload))
+            }
+        };
+        match r {
+            Ok(rpc) => {
+                self.last_append_ms.store(
+                    self.started.elapsed().as_millis() as u64 + 1,
+                    Ordering::Relaxed,
+                );
+                Some(rpc)
+            }
+            Err(e) => {
+                if let Ok(mut s) = self.stopped.lock() {
+                    *s = Some(e);
+                }
+                None
+            }
         }
-        if let Some(secret) = &self.me.secret
-            && &h.secret != secret
-        {
-            return Err("peer secret does not match".into());
-        }
-        Ok(())
     }
 }
 
@@ -117,6 +166,60 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Ordering::Relaxed,
         );
         reply(self.raft.append_entries(rpc).await)
+    }
+
+    type AppendStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftReply, Status>> + Send + 'static>>;
+
+    async fn append_stream(
+        &self,
+        req: Request<Streaming<RaftRequest>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        let inbound = req.into_inner();
+        // Why the requests stopped early (a refused header, an undecodable payload, a broken
+        // stream): answered after the replies to the requests before it.
+        let stopped: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let admitted = AdmitAppends {
+            me: self.me.clone(),
+            last_append_ms: self.last_append_ms.clone(),
+            started: self.started,
+            stopped: stopped.clone(),
+        };
+        let requests =
+            futures::stream::unfold(Some((inbound, admitted, false)), |state| async move {
+                let (mut inbound, admitted, checked) = state?;
+                let next = inbound.next().await;
+                admitted
+                    .admit(next, checked)
+                    .map(|rpc| (rpc, Some((inbound, admitted, true))))
+            });
+        let replies = self.raft.stream_append(requests).map(|r| match r {
+            Ok(res) => Ok(match encode(&res) {
+                Ok(payload) => RaftReply {
+                    error: String::new(),
+                    payload,
+                },
+                Err(e) => RaftReply {
+                    error: e,
+                    payload: Vec::new(),
+                },
+            }),
+            Err(fatal) => Ok(RaftReply {
+                error: fatal.to_string(),
+                payload: Vec::new(),
+            }),
+        });
+        let last =
+            futures::stream::once(async move { stopped.lock().ok().and_then(|mut s| s.take()) })
+                .filter_map(|e| async move {
+                    e.map(|error| {
+                        Ok(RaftReply {
+                            error,
+                            payload: Vec::new(),
+                        })
+                    })
+                });
+        Ok(Response::new(Box::pin(replies.chain(last))))
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

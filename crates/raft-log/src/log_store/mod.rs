@@ -43,6 +43,76 @@ struct Inner {
     /// Entries at or below this index are purged: never returned, even while their segment stays.
     purged: Option<u64>,
     segment_bytes_max: u64,
+    /// The newest entries, as appended: replication and pulls of recent messages read them here
+    /// instead of reading and decoding the segment again.
+    tail: TailCache,
+}
+
+/// Payload bytes the tail cache holds at most.
+const TAIL_CACHE_BYTES: usize = 32 << 20;
+
+/// A dense run of the newest entries `[first, first + entries.len())`, bounded in payload bytes.
+#[derive(Default)]
+struct TailCache {
+    first: u64,
+    entries: std::collections::VecDeque<Entry>,
+    bytes: usize,
+}
+
+impl TailCache {
+    fn size(e: &Entry) -> usize {
+        match &e.payload {
+            EntryPayload::Normal(p) => p.0.len() + 64,
+            _ => 256,
+        }
+    }
+
+    fn push(&mut self, e: Entry) {
+        if self.entries.is_empty() || self.first + self.entries.len() as u64 != e.log_id.index {
+            // Not the next index (the first append, or the log went on past a snapshot): restart.
+            self.clear();
+            self.first = e.log_id.index;
+        }
+        self.bytes += Self::size(&e);
+        self.entries.push_back(e);
+        while self.bytes > TAIL_CACHE_BYTES {
+            let Some(old) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= Self::size(&old);
+            self.first += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Forgets every entry from `index` on (the log was truncated there).
+    fn truncate_from(&mut self, index: u64) {
+        while self.first + self.entries.len() as u64 > index {
+            let Some(e) = self.entries.pop_back() else {
+                break;
+            };
+            self.bytes -= Self::size(&e);
+        }
+    }
+
+    /// Forgets every entry at or below `index` (purged).
+    fn purge_to(&mut self, index: u64) {
+        while self.first <= index {
+            let Some(e) = self.entries.pop_front() else {
+                break;
+            };
+            self.bytes -= Self::size(&e);
+            self.first += 1;
+        }
+    }
+
+    fn get(&self, index: u64) -> Option<&Entry> {
+        self.entries.get(index.checked_sub(self.first)? as usize)
+    }
 }
 
 /// The durable Raft log of one member.
@@ -149,6 +219,7 @@ impl LogStore {
             last: None,
             purged: purged.map(|p| p.index),
             segment_bytes_max,
+            tail: TailCache::default(),
         };
         inner.last = inner.read_last_log_id()?.or(purged);
         sync_dir(dir)?;
@@ -255,6 +326,7 @@ impl LogStore {
             idx_in_buf.push((id.index, buf.len() as u64));
             record::encode(&mut buf, &id, &e.payload)?;
             g.last = Some(id);
+            g.tail.push(e);
         }
         if !buf.is_empty() {
             files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
@@ -316,6 +388,11 @@ impl Inner {
             None => start,
         };
         while i < end {
+            if let Some(e) = self.tail.get(i) {
+                out.push((e.log_id, e.payload.clone()));
+                i += 1;
+                continue;
+            }
             let Some(seg) = self.segment_of(i) else {
                 // Below the first held index (purged, or never written): skip to what is held.
                 // A missing index above it is a hole: stop there rather than skip it.
@@ -332,7 +409,10 @@ impl Inner {
                     _ => break,
                 }
             };
-            let stop = end.min(seg.next_index());
+            let mut stop = end.min(seg.next_index());
+            if !self.tail.entries.is_empty() && i < self.tail.first {
+                stop = stop.min(self.tail.first);
+            }
             seg.read_entries(i, stop, &mut out)?;
             i = stop;
         }
@@ -486,6 +566,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.barrier()?;
         let mut g = self.inner.write().map_err(|_| poisoned())?;
         let keep_next = last_log_id.map(|l| l.index + 1).unwrap_or(0);
+        g.tail.truncate_from(keep_next);
         let doomed: Vec<u64> = g.segments.range(keep_next..).map(|(k, _)| *k).collect();
         for first in doomed {
             if let Some(seg) = g.segments.remove(&first) {
@@ -521,6 +602,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             g.last = Some(log_id);
         }
         g.purged = Some(log_id.index);
+        g.tail.purge_to(log_id.index);
         let dir = g.dir.clone();
         drop(g);
         sync_dir(&dir)

@@ -16,6 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(&descriptor_path, prost::Message::encode_to_vec(&fds))?;
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
+        // Message bodies as `Bytes`: a producer retrying a batch clones it without copying bodies,
+        // and the broker takes them out of the request buffer without copying.
+        .bytes(".raftmq.v1.Message.body")
+        .bytes(".raftmq.v1.StoredMessage.body")
         .skip_protoc_run()
         .compile_fds(fds)?;
     Ok(())

@@ -306,7 +306,8 @@ impl HistProducer {
                             idx,
                         },
                         len,
-                    ),
+                    )
+                    .into(),
                     ..Default::default()
                 })
                 .collect(),
@@ -886,7 +887,7 @@ pub async fn read_node(addr: &str) -> NodeRead {
                 }
                 offset = m.offset + 1;
                 out.log_index.insert((queue, m.offset), m.log_index);
-                msgs.push((m.offset, m.body));
+                msgs.push((m.offset, m.body.to_vec()));
             }
         }
         out.queues.insert(queue, msgs);

@@ -385,7 +385,7 @@ impl TestProducer {
             messages: bodies
                 .into_iter()
                 .map(|body| Message {
-                    body,
+                    body: body.into(),
                     ..Default::default()
                 })
                 .collect(),
@@ -457,7 +457,7 @@ pub async fn read_queue(
         for m in r.messages {
             assert_eq!(m.offset, offset, "offsets are dense");
             offset += 1;
-            out.push((m.offset, m.body));
+            out.push((m.offset, m.body.to_vec()));
         }
     }
 }

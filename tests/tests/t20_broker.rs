@@ -181,7 +181,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
             TOPIC,
             0,
             vec![Message {
-                body: b"keep me".to_vec(),
+                body: b"keep me".to_vec().into(),
                 ..Default::default()
             }],
         ))
@@ -209,7 +209,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
                 TOPIC,
                 0,
                 vec![Message {
-                    body: vec![0; (4 << 20) + 1],
+                    body: vec![0; (4 << 20) + 1].into(),
                     ..Default::default()
                 }],
             ),
@@ -225,7 +225,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
                 0,
                 vec![
                     Message {
-                        body: vec![0; 1 << 20],
+                        body: vec![0; 1 << 20].into(),
                         ..Default::default()
                     };
                     5
@@ -621,7 +621,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
         assert_eq!(code(&r.error), ErrorCode::Ok, "node {id}: {:?}", r.error);
         for m in &r.messages {
             assert_eq!(
-                Some(&m.body),
+                Some(&m.body.to_vec()),
                 acked.get(&m.offset),
                 "node {id} offset {}",
                 m.offset
@@ -688,7 +688,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
             "the wiped follower holds every retained message (offset {offset})"
         );
         for m in &r.messages {
-            assert_eq!(Some(&m.body), acked.get(&m.offset));
+            assert_eq!(Some(&m.body.to_vec()), acked.get(&m.offset));
         }
         offset = r.next_offset;
     }
@@ -727,7 +727,7 @@ async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit(
             topic: TOPIC.into(),
             queue: 0,
             messages: vec![Message {
-                body: b"to-the-paused-leader".to_vec(),
+                body: b"to-the-paused-leader".to_vec().into(),
                 ..Default::default()
             }],
             producer_id: 77,

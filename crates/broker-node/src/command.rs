@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 pub struct StoredBody {
     pub key: String,
     pub tag: String,
-    #[serde(with = "serde_bytes")]
-    pub body: Vec<u8>,
+    /// Encoded as bytes (as `serde_bytes` would a `Vec<u8>`), so old and new entries read the same.
+    pub body: bytes::Bytes,
     pub properties: Vec<(String, String)>,
 }
 
@@ -82,7 +82,24 @@ pub type CommandView<'a> = CommandOf<BodyView<'a>>;
 
 impl Command {
     pub fn encode(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("commands always encode")
+        // A send is sized up front: growing the buffer by doubling would copy every body again.
+        let size = match self {
+            CommandOf::Send { messages, .. } => messages
+                .iter()
+                .map(|m| {
+                    m.body.len()
+                        + m.key.len()
+                        + m.tag.len()
+                        + m.properties
+                            .iter()
+                            .map(|(k, v)| k.len() + v.len() + 10)
+                            .sum::<usize>()
+                        + 16
+                })
+                .sum::<usize>(),
+            _ => 0,
+        };
+        postcard::to_extend(self, Vec::with_capacity(size + 128)).expect("commands always encode")
     }
     pub fn decode(b: &[u8]) -> Result<Command, postcard::Error> {
         postcard::from_bytes(b)
@@ -126,13 +143,13 @@ mod tests {
                 StoredBody {
                     key: "k1".into(),
                     tag: "t".into(),
-                    body: vec![1, 2, 3],
+                    body: vec![1, 2, 3].into(),
                     properties: vec![("a".into(), "b".into())],
                 },
                 StoredBody {
                     key: String::new(),
                     tag: String::new(),
-                    body: vec![0; 1024],
+                    body: vec![0; 1024].into(),
                     properties: vec![],
                 },
             ],

@@ -10,7 +10,7 @@ use raftmq_proto::v1::*;
 use raftmq_raft_log::{ProposeError, Role};
 use tonic::{Request, Response, Status};
 
-use crate::command::{Command, Reply, StoredBody, msg_id};
+use crate::command::{Command, CommandView, Reply, StoredBody, msg_id};
 use crate::config::check_name;
 use crate::hint::{self, FollowerView, NodeView, PullPosition};
 use crate::metrics;
@@ -336,11 +336,12 @@ impl Broker {
             let Some((_, Some(data))) = entries.into_iter().next() else {
                 return Ok((msgs, true));
             };
-            let Ok(Command::Send {
+            // Bodies are served as slices of the entry read from the log: never copied here.
+            let Ok(CommandView::Send {
                 messages,
                 timestamp_ms,
                 ..
-            }) = Command::decode(&data)
+            }) = CommandView::view(&data)
             else {
                 return Err(e(
                     ErrorCode::Internal,
@@ -352,20 +353,18 @@ impl Broker {
                 if msgs.len() as u32 >= max {
                     break;
                 }
-                let StoredBody {
-                    key,
-                    tag,
-                    body,
-                    properties,
-                } = m;
                 msgs.push(StoredMessage {
                     queue,
                     offset: r.first_offset + i as u64,
                     msg_id: msg_id(&self.node.cfg.broker, r.log_index, i as u32),
-                    key,
-                    tag,
-                    body,
-                    properties: properties.into_iter().collect(),
+                    key: m.key.to_string(),
+                    tag: m.tag.to_string(),
+                    body: data.slice_ref(m.body),
+                    properties: m
+                        .properties
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
                     store_timestamp_ms: timestamp_ms,
                     log_index: r.log_index,
                 });

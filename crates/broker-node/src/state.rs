@@ -278,7 +278,7 @@ mod tests {
                 .map(|i| StoredBody {
                     key: String::new(),
                     tag: String::new(),
-                    body: vec![i as u8],
+                    body: vec![i as u8].into(),
                     properties: vec![],
                 })
                 .collect(),
@@ -461,7 +461,7 @@ mod retention_tests {
                     StoredBody {
                         key: String::new(),
                         tag: String::new(),
-                        body: vec![1],
+                        body: vec![1].into(),
                         properties: vec![]
                     };
                     2

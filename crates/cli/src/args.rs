@@ -216,6 +216,9 @@ pub enum BenchCmd {
         /// Batches in flight at once per queue (messages without a key; default: the producer's).
         #[arg(long)]
         lanes: Option<usize>,
+        /// Most messages in one batch (default: the producer's)
+        #[arg(long)]
+        batch_messages: Option<usize>,
     },
     /// Consume as fast as pulls allow (latency = now − store time).
     Consume {

@@ -423,7 +423,7 @@ mod tests {
             msg_id: "m".into(),
             key: "k".into(),
             tag: "x".into(),
-            body: b"hello".to_vec(),
+            body: b"hello".to_vec().into(),
             properties: Default::default(),
             store_timestamp_ms: 0,
             served_by: Some(v1::NodeRef {
@@ -448,7 +448,7 @@ mod tests {
         );
         assert_eq!(v["body"], "hello");
         assert_eq!(v["served_by"], 3);
-        m.body = vec![0xff, 0x00];
+        m.body = vec![0xff, 0x00].into();
         let v: Value = serde_json::from_str(&json_line(&ConsumedJson::from(&m))).expect("json");
         assert_eq!(v["body_base64"], "/wA=");
         assert!(v.get("body").is_none());

@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::Bytes;
 use crate::conn::{MESSAGE_BYTES_MAX, request};
 use crate::error::{Error, Result};
 use crate::nameserver::parse_nameservers;
@@ -65,7 +66,8 @@ pub struct ReceivedMessage {
     pub msg_id: String,
     pub key: String,
     pub tag: String,
-    pub body: Vec<u8>,
+    /// The body as received: a slice of the pull reply, not copied ([`Bytes`] derefs to `[u8]`).
+    pub body: Bytes,
     pub properties: HashMap<String, String>,
     pub store_timestamp_ms: u64,
     /// The node that served the pull.

@@ -46,3 +46,5 @@ pub use producer::{Message, Producer, ProducerBuilder, ProducerConfig, SendRecei
 pub use queue::QueueId;
 pub use raftmq_proto::v1::{ErrorCode, NodeRef, NodeStatusResponse};
 pub use router::RetryPolicy;
+/// The type of a received message's body.
+pub use tonic::codegen::Bytes;

@@ -272,7 +272,7 @@ impl Producer {
             message: v1::Message {
                 key: message.key,
                 tag: message.tag,
-                body: message.body,
+                body: message.body.into(),
                 properties: message.properties,
             },
             reply,

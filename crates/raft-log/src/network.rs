@@ -151,6 +151,18 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
     postcard::to_stdvec(v).map_err(|e| format!("encode: {e}"))
 }
 
+/// Encodes an append request into a buffer sized for its entries up front (a growing buffer
+/// would copy every entry again at each doubling).
+fn encode_append(req: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, String> {
+    let size = 128
+        + req
+            .entries
+            .iter()
+            .map(|e| crate::log_store::payload_len_hint(&e.payload) + 32)
+            .sum::<usize>();
+    postcard::to_extend(req, Vec::with_capacity(size)).map_err(|e| format!("encode: {e}"))
+}
+
 pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {
     postcard::from_bytes(b).map_err(|e| format!("decode: {e}"))
 }
@@ -178,8 +190,17 @@ impl PeerClient {
         req: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
-        let mut client = self.client()?;
         let payload = encode(req).map_err(network::<RPCError<TypeConfig>>)?;
+        self.call_encoded(kind, payload, option).await
+    }
+
+    async fn call_encoded<Resp: DeserializeOwned>(
+        &mut self,
+        kind: Kind,
+        payload: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<TypeConfig>> {
+        let mut client = self.client()?;
         let mut request = tonic::Request::new(RaftRequest {
             header: Some(self.me.header()),
             payload,
@@ -240,7 +261,7 @@ impl PeerClient {
                 header: header.take(),
                 // An unencodable request (never seen) goes out empty: the follower refuses it,
                 // which ends the stream with an error.
-                payload: encode(&req).unwrap_or_default(),
+                payload: encode_append(&req).unwrap_or_default(),
             }
         });
         let replies = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
@@ -334,7 +355,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call(Kind::Append, &rpc, &option).await
+        let payload = encode_append(&rpc).map_err(network::<RPCError<TypeConfig>>)?;
+        self.call_encoded(Kind::Append, payload, &option).await
     }
 
     fn stream_append<'s, S>(

@@ -29,6 +29,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             linger_ms,
             inflight_batches,
             lanes,
+            batch_messages,
         } => {
             let (_cluster, ns) = setup(nameserver, &target).await?;
             let shape = ProduceShape {
@@ -36,6 +37,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 linger_ms,
                 inflight_batches,
                 lanes,
+                batch_messages,
             };
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
@@ -145,6 +147,7 @@ struct ProduceShape {
     linger_ms: u64,
     inflight_batches: Option<usize>,
     lanes: Option<usize>,
+    batch_messages: Option<usize>,
 }
 
 async fn produce(
@@ -162,6 +165,9 @@ async fn produce(
     }
     if let Some(n) = shape.lanes {
         builder = builder.unkeyed_lanes_per_queue(n);
+    }
+    if let Some(n) = shape.batch_messages {
+        builder = builder.batch_messages(n);
     }
     let producer = builder.build()?;
     let mut lat = Vec::with_capacity(count as usize);

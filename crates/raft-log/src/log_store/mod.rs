@@ -288,7 +288,14 @@ impl LogStore {
 
     fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<SyncTarget>> {
         let mut g = self.inner.write().map_err(|_| poisoned())?;
-        let mut buf = Vec::with_capacity(64 << 10);
+        // Sized for the whole batch up front: growing by doubling would copy it again and again.
+        let mut buf = Vec::with_capacity(
+            entries
+                .iter()
+                .map(|e| payload_len_hint(&e.payload) + record::HEADER_BYTES + 16)
+                .sum::<usize>()
+                .min(g.segment_bytes_max as usize),
+        );
         let mut files = Vec::new();
         let mut batch_first: Option<u64> = None;
         let mut idx_in_buf: Vec<(u64, u64)> = Vec::new(); // (index, offset in buf)
@@ -417,6 +424,14 @@ impl Inner {
             i = stop;
         }
         Ok(out)
+    }
+}
+
+/// About how many bytes `payload` takes encoded (exact for the data, a guess for the rest).
+pub(crate) fn payload_len_hint(payload: &EntryPayload) -> usize {
+    match payload {
+        EntryPayload::Normal(p) => p.0.len() + 8,
+        _ => 256,
     }
 }
 

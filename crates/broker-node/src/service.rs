@@ -281,6 +281,7 @@ impl Broker {
             millis_since_leader_contact: st.millis_since_leader_contact,
             queues,
             flush_mode: n.cfg.raft.flush_mode.as_str().into(),
+            repairing_to: n.member.repairing().map(|(_, floor)| floor),
         }
     }
 

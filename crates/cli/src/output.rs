@@ -37,6 +37,10 @@ pub struct NodeJson {
     pub committed: Option<u64>,
     pub applied: Option<u64>,
     pub lag: Option<u64>,
+    /// Set while the node repairs a log that lost entries it had stored: the index it had stored
+    /// up to (it neither votes nor campaigns until it is back there). Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repairing_to: Option<u64>,
 }
 
 impl From<&ClusterStatus> for StatusJson {
@@ -66,6 +70,7 @@ impl From<&ClusterStatus> for StatusJson {
                                     committed: n.status.as_ref().map(|s| s.committed),
                                     applied: n.status.as_ref().map(|s| s.applied),
                                     lag: n.lag,
+                                    repairing_to: n.status.as_ref().and_then(|s| s.repairing_to),
                                 })
                                 .collect(),
                         })
@@ -242,6 +247,9 @@ pub fn status_table(s: &ClusterStatus) -> String {
                 if b.leader_id == Some(n.node_id) && role == "leader" {
                     role = "leader *".into();
                 }
+                if let Some(to) = st.and_then(|s| s.repairing_to) {
+                    role = format!("{role} (repairing to {to})");
+                }
                 rows.push(vec![
                     c.name.clone(),
                     b.name.clone(),
@@ -366,6 +374,28 @@ mod tests {
         assert!(lines[0].starts_with("CLUSTER"));
         assert!(lines[1].contains("leader *") && lines[1].contains("12"));
         assert!(lines[2].contains("down"));
+    }
+
+    #[test]
+    fn a_node_repairing_its_log_says_so_in_the_table_and_the_json() {
+        let mut s = sample_status();
+        let node = &mut s.clusters[0].brokers[0].nodes[0];
+        if let Some(st) = node.status.as_mut() {
+            st.role = "follower".into();
+            st.repairing_to = Some(1234);
+        }
+        let t = status_table(&s);
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .contains("follower (repairing to 1234)"),
+            "{t}"
+        );
+        let v: Value = serde_json::from_str(&json_line(&StatusJson::from(&s))).unwrap();
+        let nodes = &v["clusters"][0]["brokers"][0]["nodes"];
+        assert_eq!(nodes[0]["repairing_to"], 1234);
+        assert!(nodes[1].get("repairing_to").is_none());
     }
 
     #[test]

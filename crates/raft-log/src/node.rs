@@ -321,6 +321,12 @@ impl<S: StateMachine> Member<S> {
         &self.recovery
     }
 
+    /// While this member repairs a log that lost entries it had stored: (last index held, index
+    /// it must reach before it votes or campaigns again). None once repaired.
+    pub fn repairing(&self) -> Option<(u64, u64)> {
+        self.reader.repairing()
+    }
+
     pub fn disk_bytes(&self) -> u64 {
         self.store.disk_bytes()
     }

@@ -125,23 +125,22 @@ impl AdmitAppends {
 fn reply<T: Serialize, E: std::fmt::Display>(
     r: Result<T, E>,
 ) -> Result<Response<RaftReply>, Status> {
-    let reply = match r {
-        Ok(v) => match encode(&v) {
-            Ok(payload) => RaftReply {
-                error: String::new(),
-                payload,
-            },
-            Err(e) => RaftReply {
-                error: e,
-                payload: Vec::new(),
-            },
+    Ok(Response::new(raft_reply(r)))
+}
+
+/// openraft's answer as a peer reply: the encoded value, or the error as text.
+fn raft_reply<T: Serialize, E: std::fmt::Display>(r: Result<T, E>) -> RaftReply {
+    let encoded = r.map_err(|e| e.to_string()).and_then(|v| encode(&v));
+    match encoded {
+        Ok(payload) => RaftReply {
+            error: String::new(),
+            payload,
         },
-        Err(e) => RaftReply {
-            error: e.to_string(),
+        Err(error) => RaftReply {
+            error,
             payload: Vec::new(),
         },
-    };
-    Ok(Response::new(reply))
+    }
 }
 
 fn refused(e: String) -> Result<Response<RaftReply>, Status> {
@@ -193,22 +192,7 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
                     .admit(next, checked)
                     .map(|rpc| (rpc, Some((inbound, admitted, true))))
             });
-        let replies = self.raft.stream_append(requests).map(|r| match r {
-            Ok(res) => Ok(match encode(&res) {
-                Ok(payload) => RaftReply {
-                    error: String::new(),
-                    payload,
-                },
-                Err(e) => RaftReply {
-                    error: e,
-                    payload: Vec::new(),
-                },
-            }),
-            Err(fatal) => Ok(RaftReply {
-                error: fatal.to_string(),
-                payload: Vec::new(),
-            }),
-        });
+        let replies = self.raft.stream_append(requests).map(|r| Ok(raft_reply(r)));
         let last =
             futures::stream::once(async move { stopped.lock().ok().and_then(|mut s| s.take()) })
                 .filter_map(|e| async move {

@@ -25,8 +25,23 @@ fn payloads(rows: Vec<(u64, Option<Bytes>)>) -> Vec<(u64, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t10_elect_replicate_fail_over_and_rejoin() {
+    elect_replicate_fail_over_and_rejoin(RaftConfig::default()).await;
+}
+
+/// The same with `pipeline_appends = false`: one AppendEntries RPC at a time instead of the
+/// ordered stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t13_unpipelined_appends_elect_replicate_fail_over_and_rejoin() {
+    elect_replicate_fail_over_and_rejoin(RaftConfig {
+        pipeline_appends: false,
+        ..RaftConfig::default()
+    })
+    .await;
+}
+
+async fn elect_replicate_fail_over_and_rejoin(cfg: RaftConfig) {
     let dir = tempfile::tempdir().unwrap();
-    let mut g = LocalGroup::start(3, dir.path(), RaftConfig::default(), false).await;
+    let mut g = LocalGroup::start(3, dir.path(), cfg, false).await;
     // Propose on the leader; a follower refuses with the leader's id and address.
     let mut acked = Vec::new();
     let mut leader = 0;

@@ -251,19 +251,38 @@ impl PeerClient {
         let target = self.target;
         // When each request still unanswered was sent, oldest first.
         let sent: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
-        let mut header = Some(self.me.header());
+        let header = Some(self.me.header());
         let sent_in = sent.clone();
-        let requests = input.map(move |req| {
-            if let Ok(mut q) = sent_in.lock() {
-                q.push_back(Instant::now());
-            }
-            RaftRequest {
-                header: header.take(),
-                // An unencodable request (never seen) goes out empty: the follower refuses it,
-                // which ends the stream with an error.
-                payload: encode_append(&req).unwrap_or_default(),
-            }
-        });
+        // The session is over once openraft drops the reply stream (an error, a timeout, a new
+        // session). The request stream must then stop at once: openraft's request stream shares
+        // its send position with the next session's, and a dead HTTP/2 stream still pulling
+        // from it would take entries the new stream then never sends (the follower sees a gap,
+        // and replication stalls until the dead stream is torn down).
+        let (session_open, session_over) = tokio::sync::watch::channel(());
+        let requests = futures::stream::unfold(
+            (input, session_over, header),
+            move |(mut input, mut session_over, mut header)| {
+                let sent_in = sent_in.clone();
+                async move {
+                    let req = tokio::select! {
+                        biased;
+                        // Err: the reply stream (holding the sender) was dropped.
+                        _ = session_over.changed() => None,
+                        req = input.next() => req,
+                    }?;
+                    if let Ok(mut q) = sent_in.lock() {
+                        q.push_back(Instant::now());
+                    }
+                    let request = RaftRequest {
+                        header: header.take(),
+                        // An unencodable request (never seen) goes out empty: the follower
+                        // refuses it, which ends the stream with an error.
+                        payload: encode_append(&req).unwrap_or_default(),
+                    };
+                    Some((request, (input, session_over, header)))
+                }
+            },
+        );
         let replies = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
             Err(_) => {
                 return Err(network(format!(
@@ -273,13 +292,15 @@ impl PeerClient {
             Ok(Err(status)) => return Err(status_to_rpc(target, status)),
             Ok(Ok(r)) => r.into_inner(),
         };
-        let strm = futures::stream::unfold(Some(replies), move |state| {
+        // The state holds `session_open`: when the reply stream ends or is dropped, so is it, and
+        // the request stream stops.
+        let strm = futures::stream::unfold(Some((replies, session_open)), move |state| {
             let sent = sent.clone();
             async move {
-                let mut replies = state?;
+                let (mut replies, session_open) = state?;
                 let item = next_append_reply(target, &mut replies, &sent, ttl).await;
                 match item {
-                    Some(Ok(Ok(m))) => Some((Ok(Ok(m)), Some(replies))),
+                    Some(Ok(Ok(m))) => Some((Ok(Ok(m)), Some((replies, session_open)))),
                     Some(other) => Some((other, None)),
                     None => None,
                 }

@@ -148,7 +148,11 @@ where
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
-    postcard::to_stdvec(v).map_err(|e| format!("encode: {e}"))
+    encode_sized(v, 0)
+}
+
+fn encode_sized<T: Serialize>(v: &T, capacity: usize) -> Result<Vec<u8>, String> {
+    postcard::to_extend(v, Vec::with_capacity(capacity)).map_err(|e| format!("encode: {e}"))
 }
 
 /// Encodes an append request into a buffer sized for its entries up front (a growing buffer
@@ -160,7 +164,7 @@ fn encode_append(req: &AppendEntriesRequest<TypeConfig>) -> Result<Vec<u8>, Stri
             .iter()
             .map(|e| crate::log_store::payload_len_hint(&e.payload) + 32)
             .sum::<usize>();
-    postcard::to_extend(req, Vec::with_capacity(size)).map_err(|e| format!("encode: {e}"))
+    encode_sized(req, size)
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, String> {

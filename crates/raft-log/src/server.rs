@@ -106,10 +106,7 @@ impl AdmitAppends {
         };
         match r {
             Ok(rpc) => {
-                self.last_append_ms.store(
-                    self.started.elapsed().as_millis() as u64 + 1,
-                    Ordering::Relaxed,
-                );
+                note_append(&self.last_append_ms, self.started);
                 Some(rpc)
             }
             Err(e) => {
@@ -120,6 +117,11 @@ impl AdmitAppends {
             }
         }
     }
+}
+
+/// Records that an AppendEntries arrived now (milliseconds since `started`, 0 meaning never).
+fn note_append(last_append_ms: &AtomicU64, started: Instant) {
+    last_append_ms.store(started.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
 }
 
 fn reply<T: Serialize, E: std::fmt::Display>(
@@ -160,10 +162,7 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Ok(rpc) => rpc,
             Err(e) => return refused(e),
         };
-        self.last_append_ms.store(
-            self.started.elapsed().as_millis() as u64 + 1,
-            Ordering::Relaxed,
-        );
+        note_append(&self.last_append_ms, self.started);
         reply(self.raft.append_entries(rpc).await)
     }
 

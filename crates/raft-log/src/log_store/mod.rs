@@ -61,10 +61,14 @@ struct TailCache {
 
 impl TailCache {
     fn size(e: &Entry) -> usize {
-        match &e.payload {
-            EntryPayload::Normal(p) => p.0.len() + 64,
-            _ => 256,
-        }
+        payload_len_hint(&e.payload) + std::mem::size_of::<Entry>()
+    }
+
+    fn pop_front(&mut self) -> Option<Entry> {
+        let e = self.entries.pop_front()?;
+        self.bytes -= Self::size(&e);
+        self.first += 1;
+        Some(e)
     }
 
     fn push(&mut self, e: Entry) {
@@ -75,13 +79,7 @@ impl TailCache {
         }
         self.bytes += Self::size(&e);
         self.entries.push_back(e);
-        while self.bytes > TAIL_CACHE_BYTES {
-            let Some(old) = self.entries.pop_front() else {
-                break;
-            };
-            self.bytes -= Self::size(&old);
-            self.first += 1;
-        }
+        while self.bytes > TAIL_CACHE_BYTES && self.pop_front().is_some() {}
     }
 
     fn clear(&mut self) {
@@ -101,13 +99,7 @@ impl TailCache {
 
     /// Forgets every entry at or below `index` (purged).
     fn purge_to(&mut self, index: u64) {
-        while self.first <= index {
-            let Some(e) = self.entries.pop_front() else {
-                break;
-            };
-            self.bytes -= Self::size(&e);
-            self.first += 1;
-        }
+        while self.first <= index && self.pop_front().is_some() {}
     }
 
     fn get(&self, index: u64) -> Option<&Entry> {

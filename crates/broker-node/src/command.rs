@@ -123,13 +123,44 @@ impl Reply {
 }
 
 /// The id of a stored message: broker group, Raft index of its batch, position in the batch.
+/// Formatted as `{broker}-{log_index:016X}-{position:04X}`, digit by digit: one is built for every
+/// message a leader acknowledges, and `format!` cost a few percent of the leader's CPU.
 pub fn msg_id(broker: &str, log_index: u64, position: u32) -> String {
-    format!("{broker}-{log_index:016X}-{position:04X}")
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let position_digits = (32 - position.leading_zeros()).div_ceil(4).max(4) as usize;
+    let mut id = String::with_capacity(broker.len() + 18 + position_digits);
+    id.push_str(broker);
+    id.push('-');
+    for shift in (0..16).rev() {
+        id.push(HEX[(log_index >> (shift * 4)) as usize & 0xF] as char);
+    }
+    id.push('-');
+    for shift in (0..position_digits).rev() {
+        id.push(HEX[(position >> (shift * 4)) as usize & 0xF] as char);
+    }
+    id
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn msg_id_matches_its_documented_format() {
+        for (index, position) in [
+            (0, 0),
+            (1, 9),
+            (0xABCDEF, 0x3E7),
+            (u64::MAX, 0xFFFF),
+            (42, 0x10000),
+            (7, u32::MAX),
+        ] {
+            assert_eq!(
+                msg_id("broker-a", index, position),
+                format!("broker-a-{index:016X}-{position:04X}")
+            );
+        }
+    }
 
     #[test]
     fn a_view_reads_what_the_owned_command_wrote() {

@@ -10,6 +10,7 @@
 //! - [`testkit`]: a local group of members with abrupt kill, for tests and benchmarks.
 
 pub mod config;
+mod encoding;
 pub mod error;
 pub mod log_store;
 mod metrics;

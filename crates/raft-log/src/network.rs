@@ -152,7 +152,8 @@ pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
 }
 
 fn encode_sized<T: Serialize>(v: &T, capacity: usize) -> Result<Vec<u8>, String> {
-    postcard::to_extend(v, Vec::with_capacity(capacity)).map_err(|e| format!("encode: {e}"))
+    crate::encoding::postcard_extend(v, Vec::with_capacity(capacity))
+        .map_err(|e| format!("encode: {e}"))
 }
 
 /// Encodes an append request into a buffer sized for its entries up front (a growing buffer

@@ -70,7 +70,7 @@ pub fn encode(out: &mut Vec<u8>, log_id: &LogId, payload: &EntryPayload) -> std:
     out[start + 24..start + 32].copy_from_slice(&log_id.leader_id.node_id.to_le_bytes());
     let out_len_before_payload = out.len();
     let mut buf = std::mem::take(out);
-    buf = postcard::to_extend(payload, buf).map_err(std::io::Error::other)?;
+    buf = crate::encoding::postcard_extend(payload, buf).map_err(std::io::Error::other)?;
     *out = buf;
     let payload_len = out.len() - out_len_before_payload;
     if payload_len as u64 > PAYLOAD_BYTES_MAX as u64 {

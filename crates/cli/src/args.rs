@@ -213,6 +213,10 @@ pub enum BenchCmd {
         /// Producer window: most batches in flight at once (default: the producer's).
         #[arg(long)]
         inflight_batches: Option<usize>,
+        /// Producer window per broker group: most batches in flight to one group (default: the
+        /// producer's).
+        #[arg(long)]
+        broker_inflight_batches: Option<usize>,
         /// Batches in flight at once per queue (messages without a key; default: the producer's).
         #[arg(long)]
         lanes: Option<usize>,

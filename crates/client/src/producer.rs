@@ -3,9 +3,14 @@
 //! [`Producer::send`] picks the message's target — the queue of its key's hash, or "any queue" for
 //! messages without a key — and hands it to one batcher task. The batcher keeps an open batch per
 //! target and dispatches a batch when it is full or has waited `linger`, as long as fewer than
-//! `inflight_batches_max` batches are in flight and a *lane* of its queue is free. Messages that
-//! arrive while the window is full therefore gather into bigger batches by themselves, so a
-//! linger of zero (the default) already batches under load without delaying a lone message.
+//! `inflight_batches_max` batches are in flight in all, fewer than `broker_inflight_batches_max`
+//! to the target's broker group, and a *lane* of its queue is free. Messages that arrive while the
+//! window is full therefore gather into bigger batches by themselves, so a linger of zero (the
+//! default) already batches under load without delaying a lone message. The window per broker
+//! group is small (2) on purpose: a leader spends much of its time per batch rather than per
+//! message (an RPC, a log entry, a replication round), so under load two big batches in flight
+//! beat many small ones — on a local three-node group, 256 messages in flight went from ~55k to
+//! ~60-68k msg/s and p99 from ~13 to ~8 ms.
 //!
 //! A lane is a stream of batches to one queue with at most one batch in flight, its own producer
 //! id (drawn at random) and its own sequences. Keyed messages use a single lane per queue, which
@@ -106,6 +111,8 @@ pub struct ProducerConfig {
     pub batch_messages_max: usize,
     pub batch_bytes_max: usize,
     pub inflight_batches_max: usize,
+    /// Batches in flight at once to one broker group (its leader).
+    pub broker_inflight_batches_max: usize,
     /// Batches of messages without a key in flight at once per queue (each on its own lane).
     pub unkeyed_lanes_per_queue: usize,
     pub pending_messages_max: usize,
@@ -121,6 +128,7 @@ impl Default for ProducerConfig {
             batch_messages_max: BATCH_MESSAGES_MAX,
             batch_bytes_max: BATCH_BYTES_MAX - 64 * 1024,
             inflight_batches_max: 64,
+            broker_inflight_batches_max: 2,
             unkeyed_lanes_per_queue: 4,
             pending_messages_max: 10_000,
             send_timeout: Duration::from_secs(10),
@@ -148,6 +156,13 @@ impl ProducerBuilder {
     /// Most batches awaiting acknowledgement at once (default 64).
     pub fn inflight_batches(mut self, n: usize) -> Self {
         self.config.inflight_batches_max = n.max(1);
+        self
+    }
+
+    /// Most batches awaiting acknowledgement at once from one broker group (default 2). Messages
+    /// sent meanwhile gather into the next batch, so a small window makes big batches under load.
+    pub fn broker_inflight_batches(mut self, n: usize) -> Self {
+        self.config.broker_inflight_batches_max = n.max(1);
         self
     }
 
@@ -196,6 +211,7 @@ impl ProducerBuilder {
             open: HashMap::new(),
             busy: HashSet::new(),
             inflight: 0,
+            broker_inflight: HashMap::new(),
             selectors: HashMap::new(),
             routes: HashMap::new(),
         };
@@ -348,6 +364,8 @@ struct Batcher {
     /// Lanes with a batch in flight.
     busy: HashSet<Lane>,
     inflight: usize,
+    /// Batches in flight per broker group.
+    broker_inflight: HashMap<String, usize>,
     selectors: HashMap<String, QueueSelector>,
     /// Per topic: the newest route seen and its sorted queues.
     routes: HashMap<String, (Arc<TopicRoute>, Vec<QueueId>)>,
@@ -412,8 +430,16 @@ impl Batcher {
     }
 
     fn finish(&mut self, done: Lane) {
+        if let Some(n) = self.broker_inflight.get_mut(&done.1.broker) {
+            *n = n.saturating_sub(1);
+        }
         self.busy.remove(&done);
         self.inflight = self.inflight.saturating_sub(1);
+    }
+
+    fn broker_has_room(&self, broker: &str) -> bool {
+        self.broker_inflight.get(broker).copied().unwrap_or(0)
+            < self.config.broker_inflight_batches_max
     }
 
     fn is_ready(&self, b: &OpenBatch, closing: bool) -> bool {
@@ -439,7 +465,7 @@ impl Batcher {
             let lane = match &key.1 {
                 Some(q) => {
                     let lane = (key.0.clone(), q.clone(), KEYED_LANE);
-                    if self.busy.contains(&lane) {
+                    if self.busy.contains(&lane) || !self.broker_has_room(&q.broker) {
                         continue;
                     }
                     lane
@@ -454,6 +480,10 @@ impl Batcher {
             };
             self.busy.insert(lane.clone());
             self.inflight += 1;
+            *self
+                .broker_inflight
+                .entry(lane.1.broker.clone())
+                .or_default() += 1;
             let queue = lane.1.clone();
             let ids = self
                 .idempotence
@@ -502,15 +532,21 @@ impl Batcher {
     }
 
     /// A lane for an unkeyed batch: round robin over the topic's queues, then over each queue's
-    /// unkeyed lanes, skipping busy ones.
+    /// unkeyed lanes, skipping busy lanes and broker groups with a full window.
     fn pick_any(&mut self, topic: &str) -> Option<Lane> {
         let (_, queues) = self.routes.get(topic)?;
         let n = queues.len();
         let lanes = self.config.unkeyed_lanes_per_queue.max(1);
         let busy = &self.busy;
+        let broker_inflight = &self.broker_inflight;
+        let broker_max = self.config.broker_inflight_batches_max;
         let lane_of = |i: usize| (topic.to_string(), queues[i % n].clone(), 1 + i / n);
         let sel = self.selectors.entry(topic.to_string()).or_default();
-        let idx = sel.next_round_robin(n * lanes, |i| !busy.contains(&lane_of(i)))?;
+        let idx = sel.next_round_robin(n * lanes, |i| {
+            let q = &queues[i % n];
+            broker_inflight.get(&q.broker).copied().unwrap_or(0) < broker_max
+                && !busy.contains(&lane_of(i))
+        })?;
         Some(lane_of(idx))
     }
 
@@ -625,5 +661,139 @@ impl SendJob {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nameserver::BrokerRoute;
+
+    fn route(brokers: &[&str], queues: u32) -> Arc<TopicRoute> {
+        Arc::new(TopicRoute {
+            topic: "t".into(),
+            brokers: brokers
+                .iter()
+                .map(|b| BrokerRoute {
+                    cluster: "c".into(),
+                    name: b.to_string(),
+                    leader_id: None,
+                    queues,
+                    nodes: Vec::new(),
+                    term: 0,
+                })
+                .collect(),
+        })
+    }
+
+    fn batcher(config: ProducerConfig) -> (Batcher, mpsc::Sender<Pending>) {
+        // Nothing listens there: the dispatched jobs only retry in the background.
+        let router = Router::new(vec!["127.0.0.1:1".into()], config.retry.clone()).unwrap();
+        let (tx, rx) = mpsc::channel(10_000);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let b = Batcher {
+            rx,
+            done_tx,
+            done_rx,
+            router,
+            config,
+            idempotence: HashMap::new(),
+            open: HashMap::new(),
+            busy: HashSet::new(),
+            inflight: 0,
+            broker_inflight: HashMap::new(),
+            selectors: HashMap::new(),
+            routes: HashMap::new(),
+        };
+        (b, tx)
+    }
+
+    fn pending(
+        route: &Arc<TopicRoute>,
+        target: Option<QueueId>,
+    ) -> (Pending, oneshot::Receiver<Result<SendReceipt>>) {
+        let (reply, rx) = oneshot::channel();
+        let p = Pending {
+            topic: "t".into(),
+            route: route.clone(),
+            target,
+            bytes: 100,
+            deadline: Instant::now() + Duration::from_secs(60),
+            message: v1::Message::default(),
+            reply,
+        };
+        (p, rx)
+    }
+
+    /// The batcher dispatches at most one batch per open batch and wakeup; run it as often as
+    /// its loop would.
+    fn dispatch_until_stable(b: &mut Batcher) {
+        for _ in 0..50 {
+            b.dispatch_ready(false);
+        }
+    }
+
+    #[tokio::test]
+    async fn each_broker_group_gets_at_most_its_window_and_the_rest_waits_in_open_batches() {
+        let config = ProducerConfig {
+            batch_messages_max: 10,
+            ..ProducerConfig::default()
+        };
+        let (mut b, _tx) = batcher(config);
+        let r = route(&["broker-a", "broker-b"], 4);
+        let mut replies = Vec::new();
+        for _ in 0..300 {
+            let (p, rx) = pending(&r, None);
+            b.add(p);
+            replies.push(rx);
+        }
+        let keyed = QueueId::new("broker-a", 3);
+        for _ in 0..5 {
+            let (p, rx) = pending(&r, Some(keyed.clone()));
+            b.add(p);
+            replies.push(rx);
+        }
+        dispatch_until_stable(&mut b);
+        assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
+        assert_eq!(b.broker_inflight.get("broker-b"), Some(&2));
+        assert_eq!(b.inflight, 4);
+        let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
+        assert!(
+            waiting > 0,
+            "messages beyond the windows wait in open batches"
+        );
+
+        // A batch to broker-b finishes: exactly one more goes there, none to the full broker-a.
+        let lane = b
+            .busy
+            .iter()
+            .find(|l| l.1.broker == "broker-b")
+            .cloned()
+            .unwrap();
+        b.finish(lane);
+        dispatch_until_stable(&mut b);
+        assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
+        assert_eq!(b.broker_inflight.get("broker-b"), Some(&2));
+        assert_eq!(b.inflight, 4);
+    }
+
+    #[tokio::test]
+    async fn a_wider_broker_window_lets_more_batches_out() {
+        let config = ProducerConfig {
+            broker_inflight_batches_max: 5,
+            batch_messages_max: 10,
+            ..ProducerConfig::default()
+        };
+        let (mut b, _tx) = batcher(config);
+        let r = route(&["broker-a"], 8);
+        let mut replies = Vec::new();
+        for _ in 0..100 {
+            let (p, rx) = pending(&r, None);
+            b.add(p);
+            replies.push(rx);
+        }
+        dispatch_until_stable(&mut b);
+        assert_eq!(b.broker_inflight.get("broker-a"), Some(&5));
+        assert_eq!(b.inflight, 5);
     }
 }

@@ -28,6 +28,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             inflight,
             linger_ms,
             inflight_batches,
+            broker_inflight_batches,
             lanes,
             batch_messages,
         } => {
@@ -36,6 +37,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 inflight,
                 linger_ms,
                 inflight_batches,
+                broker_inflight_batches,
                 lanes,
                 batch_messages,
             };
@@ -146,6 +148,7 @@ struct ProduceShape {
     inflight: usize,
     linger_ms: u64,
     inflight_batches: Option<usize>,
+    broker_inflight_batches: Option<usize>,
     lanes: Option<usize>,
     batch_messages: Option<usize>,
 }
@@ -162,6 +165,9 @@ async fn produce(
     let mut builder = Producer::builder(ns).linger(Duration::from_millis(shape.linger_ms));
     if let Some(n) = shape.inflight_batches {
         builder = builder.inflight_batches(n);
+    }
+    if let Some(n) = shape.broker_inflight_batches {
+        builder = builder.broker_inflight_batches(n);
     }
     if let Some(n) = shape.lanes {
         builder = builder.unkeyed_lanes_per_queue(n);

@@ -66,7 +66,18 @@ pub fn main(cli: Cli) -> ExitCode {
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    // A client command keeps its tasks on one thread: a producer's send, its batcher, its RPC
+    // and the connection task then hand work to each other without waking another thread
+    // (measured: more sends per second, one at a time and 256 in flight). Its local cluster, if
+    // any, runs in child processes. Servers use every core the machine gives them.
+    let runtime = if is_server {
+        tokio::runtime::Runtime::new()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("raftmq: cannot start the async runtime: {e}");

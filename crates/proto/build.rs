@@ -20,6 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // and the broker takes them out of the request buffer without copying.
         .bytes(".raftmq.v1.Message.body")
         .bytes(".raftmq.v1.StoredMessage.body")
+        // Encodes each message into a buffer reserved for all of it (see `src/codec.rs`).
+        .codec_path("crate::codec::ReservingCodec")
         .skip_protoc_run()
         .compile_fds(fds)?;
     Ok(())

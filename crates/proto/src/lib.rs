@@ -2,7 +2,10 @@
 //!
 //! - [`v1`]: messages and the client/server stubs of `BrokerService`, `AdminService`,
 //!   `NameserverService` and `RaftPeerService`.
+//! - [`codec`]: the prost codec the stubs use, which sizes its encode buffer up front.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
+
+pub mod codec;
 
 /// Package `raftmq.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -223,6 +223,10 @@ pub enum BenchCmd {
         /// Most messages in one batch (default: the producer's)
         #[arg(long)]
         batch_messages: Option<usize>,
+        /// Give messages keys, cycling through this many (`key-0`, `key-1`, ...): each key's
+        /// messages go to one queue, in order. 0: no keys.
+        #[arg(long, default_value_t = 0)]
+        keys: u64,
     },
     /// Consume as fast as pulls allow (latency = now − store time).
     Consume {

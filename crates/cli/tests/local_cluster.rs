@@ -6,7 +6,7 @@
 //! - t30: a producer across leader kills stores every acknowledged message once, and committed
 //!   offsets resume after a failover.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -221,6 +221,99 @@ async fn t10_every_command_against_a_local_cluster() {
         None,
     );
     assert_eq!(again.lines().count(), 0, "offsets were committed");
+
+    tracing::info!("bench produce and consume");
+    let bench = json_lines(&ok(
+        &ns,
+        &[
+            "bench",
+            "produce",
+            "--topic",
+            "t10-bench",
+            "--count",
+            "400",
+            "--size",
+            "64",
+            "--inflight",
+            "32",
+            "--keys",
+            "4",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(bench.len(), 1, "one JSON object");
+    has_keys(
+        &bench[0],
+        &[
+            "bench",
+            "messages",
+            "failed",
+            "msgs_per_sec",
+            "mb_per_sec",
+            "latency_ms",
+        ],
+    );
+    assert_eq!(bench[0]["bench"], "produce");
+    assert_eq!(bench[0]["keys"], 4);
+    assert_eq!(bench[0]["messages"], 400);
+    assert_eq!(bench[0]["failed"], 0);
+    has_keys(
+        &bench[0]["latency_ms"],
+        &["p50_ms", "p99_ms", "p999_ms", "max_ms"],
+    );
+    assert!(bench[0]["latency_ms"]["p50_ms"].as_f64().unwrap() > 0.0);
+    let keyed = json_lines(&ok(
+        &ns,
+        &[
+            "consume",
+            "--topic",
+            "t10-bench",
+            "--group",
+            "g10-bench",
+            "--from",
+            "earliest",
+            "--timeout-ms",
+            "1500",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(keyed.len(), 400);
+    // Each key's messages went to one queue.
+    let mut queue_of_key: BTreeMap<String, (String, u64)> = BTreeMap::new();
+    for m in &keyed {
+        let key = m["key"].as_str().unwrap().to_string();
+        let at = (
+            m["broker"].as_str().unwrap().to_string(),
+            m["queue"].as_u64().unwrap(),
+        );
+        assert_eq!(
+            queue_of_key.entry(key.clone()).or_insert(at.clone()),
+            &at,
+            "{key}"
+        );
+    }
+    assert_eq!(queue_of_key.len(), 4);
+    let drained = json_lines(&ok(
+        &ns,
+        &[
+            "bench",
+            "consume",
+            "--topic",
+            "t10-bench",
+            "--count",
+            "400",
+            "--json",
+        ],
+        None,
+    ));
+    assert_eq!(drained[0]["bench"], "consume");
+    assert_eq!(drained[0]["messages"], 400);
+    has_keys(
+        &drained[0],
+        &["msgs_per_sec", "mb_per_sec", "end_to_end_latency_ms"],
+    );
 
     tracing::info!("leader transfer");
     let to = nodes

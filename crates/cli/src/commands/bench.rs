@@ -31,6 +31,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             broker_inflight_batches,
             lanes,
             batch_messages,
+            keys,
         } => {
             let (_cluster, ns) = setup(nameserver, &target).await?;
             let shape = ProduceShape {
@@ -40,6 +41,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 broker_inflight_batches,
                 lanes,
                 batch_messages,
+                keys,
             };
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
@@ -47,7 +49,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 println!(
                     "{}",
                     json_line(&json!({
-                        "bench": "produce", "size": size, "inflight": inflight,
+                        "bench": "produce", "size": size, "inflight": inflight, "keys": keys,
                         "messages": t.messages, "failed": r.failed, "seconds": t.seconds,
                         "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
                         "latency_ms": r.latency,
@@ -55,7 +57,11 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 );
             } else {
                 print_figures(
-                    &format!("produce {size} B, {inflight} in flight"),
+                    &if keys > 0 {
+                        format!("produce {size} B, {inflight} in flight, {keys} keys")
+                    } else {
+                        format!("produce {size} B, {inflight} in flight")
+                    },
                     t.messages,
                     t.seconds,
                     t.msgs_per_sec,
@@ -151,6 +157,8 @@ struct ProduceShape {
     broker_inflight_batches: Option<usize>,
     lanes: Option<usize>,
     batch_messages: Option<usize>,
+    /// Keys to cycle through (0: messages without a key).
+    keys: u64,
 }
 
 async fn produce(
@@ -186,11 +194,16 @@ async fn produce(
     while acked + failed < count {
         while sent < count && pending.len() < inflight.max(1) {
             let body = generated_body(sent, size);
+            let message = if shape.keys > 0 {
+                Message::new(body).with_key(format!("key-{}", sent % shape.keys))
+            } else {
+                Message::new(body)
+            };
             sent += 1;
             let p = &producer;
             pending.push(async move {
                 let t0 = Instant::now();
-                let r = p.send(topic, Message::new(body)).await;
+                let r = p.send(topic, message).await;
                 (t0.elapsed(), r)
             });
         }

@@ -475,6 +475,13 @@ impl BrokerService for Broker {
                 "too many sends are waiting for commit on this leader; retry shortly",
             ));
         };
+        // The term this node leads as it proposes: the send's fate is no longer this node's to
+        // tell once that leadership ends (stepped down, or a new term began).
+        let mut status = self.node.member.watch();
+        let led_term = {
+            let s = status.borrow_and_update();
+            (s.role == Role::Leader).then_some(s.term)
+        };
         let count = req.messages.len() as u64;
         let cmd = Command::Send {
             topic: req.topic,
@@ -496,15 +503,30 @@ impl BrokerService for Broker {
                 })
                 .collect(),
         };
-        // A leader cut off while the send waits cannot commit it: answer as soon as that shows
-        // (the outcome is then unknown: the producer retries with the same id and sequence
-        // elsewhere, and the producer window stores it once) instead of at the caller's timeout.
+        // A leader cut off while the send waits cannot commit it, and one that stopped leading
+        // cannot tell whether it will be: answer as soon as either shows (the outcome is then
+        // unknown: the producer retries with the same id and sequence elsewhere, and the
+        // producer window stores it once) instead of at the caller's timeout.
+        let leadership_ended = async {
+            match led_term {
+                Some(term) => status
+                    .wait_for(|s| s.role != Role::Leader || s.term != term)
+                    .await
+                    .map(|_| ()),
+                None => std::future::pending().await,
+            }
+        };
         let outcome = tokio::select! {
             r = self.propose(cmd) => r,
             Ok(_) = cut_off.wait_for(|c| *c) => Err(e(
                 ErrorCode::Unavailable,
                 "this leader lost contact with its group while the send awaited commit; it may \
                  or may not be stored: retry with the same producer id and sequence",
+            )),
+            Ok(()) = leadership_ended => Err(e(
+                ErrorCode::Unavailable,
+                "this node stopped leading while the send awaited commit; it may or may not be \
+                 stored: retry with the same producer id and sequence",
             )),
         };
         let (_, reply) = match outcome {

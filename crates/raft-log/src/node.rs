@@ -491,6 +491,8 @@ fn spawn_check_quorum<S: StateMachine>(
 ) {
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(tick);
+        // The term this member leads and when it was first seen leading it.
+        let mut leading: Option<(u64, Instant)> = None;
         loop {
             interval.tick().await;
             let cut_off = {
@@ -499,18 +501,28 @@ fn spawn_check_quorum<S: StateMachine>(
                 if m.state == ServerState::Shutdown {
                     return;
                 }
+                if m.state != ServerState::Leader {
+                    leading = None;
+                } else if leading.is_none_or(|(term, _)| term != m.current_term) {
+                    leading = Some((m.current_term, Instant::now()));
+                }
+                let new_leader = leading.is_some_and(|(_, since)| since.elapsed() <= within);
                 m.state == ServerState::Leader && {
                     let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
                     let heard = voters
                         .iter()
                         .filter(|id| {
-                            // Not heard from yet counts as in contact: a new leader has not had
-                            // the time, and a cut-off leader had heard from its peers before.
-                            **id == m.id
-                                || m.heartbeat
-                                    .as_ref()
-                                    .and_then(|h| h.get(*id).cloned())
-                                    .is_none_or(|t| t.is_none_or(|t| t.elapsed() <= within))
+                            if **id == m.id {
+                                return true;
+                            }
+                            match m.heartbeat.as_ref().and_then(|h| h.get(*id).cloned()) {
+                                Some(Some(t)) => t.elapsed() <= within,
+                                // Not heard from in this term yet: in contact only while the
+                                // leadership is younger than `within`. A leader cut off right
+                                // after its election (say, just after a whole-group restart)
+                                // must still notice, or its sends wait for nothing.
+                                _ => new_leader,
+                            }
                         })
                         .count();
                     heard * 2 <= voters.len()

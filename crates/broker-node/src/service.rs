@@ -477,10 +477,10 @@ impl BrokerService for Broker {
         };
         // The term this node leads as it proposes: the send's fate is no longer this node's to
         // tell once that leadership ends (stepped down, or a new term began).
-        let mut status = self.node.member.watch();
+        let mut leadership = self.node.member.leadership();
         let led_term = {
-            let s = status.borrow_and_update();
-            (s.role == Role::Leader).then_some(s.term)
+            let (role, term) = *leadership.borrow_and_update();
+            (role == Role::Leader).then_some(term)
         };
         let count = req.messages.len() as u64;
         let cmd = Command::Send {
@@ -509,8 +509,8 @@ impl BrokerService for Broker {
         // producer window stores it once) instead of at the caller's timeout.
         let leadership_ended = async {
             match led_term {
-                Some(term) => status
-                    .wait_for(|s| s.role != Role::Leader || s.term != term)
+                Some(term) => leadership
+                    .wait_for(|&(role, t)| role != Role::Leader || t != term)
                     .await
                     .map(|_| ()),
                 None => std::future::pending().await,

@@ -113,6 +113,7 @@ pub struct Member<S: StateMachine> {
     last_append_ms: Arc<AtomicU64>,
     started: Instant,
     status_rx: watch::Receiver<Status>,
+    leadership_rx: watch::Receiver<(Role, u64)>,
     /// True while this member leads but has heard from no majority for the CheckQuorum window.
     cut_off_rx: watch::Receiver<bool>,
     recovery: RecoveryReport,
@@ -217,6 +218,7 @@ impl<S: StateMachine> Member<S> {
         let last_append_ms = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
+        let (leadership_tx, leadership_rx) = watch::channel((Role::Follower, 0));
         let (cut_off_tx, cut_off_rx) = watch::channel(false);
         spawn_check_quorum(
             raft.clone(),
@@ -226,7 +228,13 @@ impl<S: StateMachine> Member<S> {
                 cfg.raft.election_timeout_ms_max + 2 * cfg.raft.heartbeat_interval_ms,
             ),
         );
-        spawn_status_task(raft.clone(), status_tx, last_append_ms.clone(), started);
+        spawn_status_task(
+            raft.clone(),
+            status_tx,
+            leadership_tx,
+            last_append_ms.clone(),
+            started,
+        );
         Ok(Member {
             raft,
             shared,
@@ -236,6 +244,7 @@ impl<S: StateMachine> Member<S> {
             last_append_ms,
             started,
             status_rx,
+            leadership_rx,
             cut_off_rx,
             recovery,
             _db: db,
@@ -315,6 +324,12 @@ impl<S: StateMachine> Member<S> {
     /// A watch of the status, updated on every Raft metrics change.
     pub fn watch(&self) -> watch::Receiver<Status> {
         self.status_rx.clone()
+    }
+
+    /// This member's role and term, changed only when either changes (unlike [`Self::watch`],
+    /// which changes with every commit): for waiting on a change of leadership.
+    pub fn leadership(&self) -> watch::Receiver<(Role, u64)> {
+        self.leadership_rx.clone()
     }
 
     pub fn recovery(&self) -> &RecoveryReport {
@@ -536,6 +551,7 @@ fn spawn_check_quorum<S: StateMachine>(
 fn spawn_status_task<S: StateMachine>(
     raft: Raft<Adapter<S>>,
     tx: watch::Sender<Status>,
+    leadership_tx: watch::Sender<(Role, u64)>,
     last_append_ms: Arc<AtomicU64>,
     started: Instant,
 ) {
@@ -609,6 +625,8 @@ fn spawn_status_task<S: StateMachine>(
                     contact
                 },
             };
+            let leadership = (st.role, st.term);
+            leadership_tx.send_if_modified(|cur| std::mem::replace(cur, leadership) != leadership);
             tx.send_if_modified(|cur| {
                 if *cur != st {
                     *cur = st;

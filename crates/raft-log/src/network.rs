@@ -265,32 +265,16 @@ impl PeerClient {
         // and replication stalls until the dead stream is torn down).
         let (session_open, session_over) = tokio::sync::watch::channel(());
         let requests = futures::stream::unfold(
-            (input, session_over, header, None),
-            move |(mut input, mut session_over, mut header, held)| {
+            (input, session_over, header),
+            move |(mut input, mut session_over, mut header)| {
                 let sent_in = sent_in.clone();
                 async move {
-                    let req = match held {
-                        Some(req) => req?,
-                        None => tokio::select! {
-                            biased;
-                            // Err: the reply stream (holding the sender) was dropped.
-                            _ = session_over.changed() => None,
-                            req = input.next() => req,
-                        }?,
-                    };
-                    // An update without entries (a new commit index, a heartbeat) is held back
-                    // briefly, so that right after a commit the leader applies and answers the
-                    // producer before its followers wake to learn the commit index. The next
-                    // request, if it comes meanwhile, goes out right behind it.
-                    let mut next = None;
-                    if req.entries.is_empty() {
-                        tokio::select! {
-                            biased;
-                            _ = session_over.changed() => return None,
-                            r = input.next() => next = Some(r),
-                            _ = tokio::time::sleep(ENTRYLESS_HOLD) => {}
-                        }
-                    }
+                    let req = tokio::select! {
+                        biased;
+                        // Err: the reply stream (holding the sender) was dropped.
+                        _ = session_over.changed() => None,
+                        req = input.next() => req,
+                    }?;
                     if let Ok(mut q) = sent_in.lock() {
                         q.push_back(Instant::now());
                     }
@@ -300,7 +284,7 @@ impl PeerClient {
                         // refuses it, which ends the stream with an error.
                         payload: encode_append(&req).unwrap_or_default(),
                     };
-                    Some((request, (input, session_over, header, next)))
+                    Some((request, (input, session_over, header)))
                 }
             },
         );
@@ -330,10 +314,6 @@ impl PeerClient {
         Ok(Box::pin(strm))
     }
 }
-
-/// How long an append-stream request without entries waits before it is sent (see
-/// `open_append_stream`). Followers learn a new commit index at most this much later.
-const ENTRYLESS_HOLD: Duration = Duration::from_micros(500);
 
 /// Waits for the next reply of an append stream, failing once the oldest unanswered request is
 /// older than `ttl`. None: the follower closed the stream after answering everything.

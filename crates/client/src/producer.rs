@@ -199,22 +199,7 @@ impl ProducerBuilder {
     /// Starts the producer. Needs a Tokio runtime; does not contact the cluster yet.
     pub fn build(self) -> Result<Producer> {
         let router = Router::new(self.nameservers, self.config.retry.clone())?;
-        let (tx, rx) = mpsc::channel(self.config.pending_messages_max.max(1));
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let batcher = Batcher {
-            rx,
-            done_tx,
-            done_rx,
-            router: router.clone(),
-            config: self.config.clone(),
-            idempotence: HashMap::new(),
-            open: HashMap::new(),
-            busy: HashSet::new(),
-            inflight: 0,
-            broker_inflight: HashMap::new(),
-            selectors: HashMap::new(),
-            routes: HashMap::new(),
-        };
+        let (batcher, tx) = Batcher::new(router.clone(), self.config.clone());
         let task = tokio::spawn(batcher.run());
         Ok(Producer {
             tx,
@@ -372,6 +357,27 @@ struct Batcher {
 }
 
 impl Batcher {
+    /// A batcher with nothing open or in flight, and the sender of its pending messages.
+    fn new(router: Arc<Router>, config: ProducerConfig) -> (Batcher, mpsc::Sender<Pending>) {
+        let (tx, rx) = mpsc::channel(config.pending_messages_max.max(1));
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let batcher = Batcher {
+            rx,
+            done_tx,
+            done_rx,
+            router,
+            config,
+            idempotence: HashMap::new(),
+            open: HashMap::new(),
+            busy: HashSet::new(),
+            inflight: 0,
+            broker_inflight: HashMap::new(),
+            selectors: HashMap::new(),
+            routes: HashMap::new(),
+        };
+        (batcher, tx)
+    }
+
     async fn run(mut self) {
         let mut closing = false;
         loop {
@@ -689,23 +695,7 @@ mod tests {
     fn batcher(config: ProducerConfig) -> (Batcher, mpsc::Sender<Pending>) {
         // Nothing listens there: the dispatched jobs only retry in the background.
         let router = Router::new(vec!["127.0.0.1:1".into()], config.retry.clone()).unwrap();
-        let (tx, rx) = mpsc::channel(10_000);
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let b = Batcher {
-            rx,
-            done_tx,
-            done_rx,
-            router,
-            config,
-            idempotence: HashMap::new(),
-            open: HashMap::new(),
-            busy: HashSet::new(),
-            inflight: 0,
-            broker_inflight: HashMap::new(),
-            selectors: HashMap::new(),
-            routes: HashMap::new(),
-        };
-        (b, tx)
+        Batcher::new(router, config)
     }
 
     fn pending(

@@ -251,7 +251,12 @@ impl Producer {
                 message.body.len()
             )));
         }
-        let route = self.route(topic, deadline).await?;
+        // The cached route without awaiting; fetching one is boxed, so the future of every send
+        // stays small (a caller keeping hundreds in flight moves and stores each one).
+        let route = match self.router.fresh_route(topic, self.config.route_refresh) {
+            Some(r) => r,
+            None => Box::pin(self.route(topic, deadline)).await?,
+        };
         let target = if message.key.is_empty() {
             None
         } else {

@@ -146,10 +146,8 @@ impl Router {
 
     /// The topic's route, fetched again when the cached one is older than `max_age`.
     pub(crate) async fn route(&self, topic: &str, max_age: Duration) -> Result<Arc<TopicRoute>> {
-        if let Some(c) = lock(&self.routes).get(topic)
-            && c.fetched.elapsed() < max_age
-        {
-            return Ok(c.route.clone());
+        if let Some(r) = self.fresh_route(topic, max_age) {
+            return Ok(r);
         }
         let route = Arc::new(self.ns.route(topic).await?);
         self.merge_route(&route);
@@ -161,6 +159,14 @@ impl Router {
             },
         );
         Ok(route)
+    }
+
+    /// The cached route if it is younger than `max_age`, without waiting.
+    pub(crate) fn fresh_route(&self, topic: &str, max_age: Duration) -> Option<Arc<TopicRoute>> {
+        lock(&self.routes)
+            .get(topic)
+            .filter(|c| c.fetched.elapsed() < max_age)
+            .map(|c| c.route.clone())
     }
 
     /// Drops the cached route so the next use fetches it again.

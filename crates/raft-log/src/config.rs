@@ -28,6 +28,7 @@ pub const HEARTBEAT_INTERVAL_MS_DEFAULT: u64 = 50;
 pub const ELECTION_TIMEOUT_MS_MIN_DEFAULT: u64 = 200;
 pub const ELECTION_TIMEOUT_MS_MAX_DEFAULT: u64 = 350;
 pub const SEGMENT_BYTES_MAX_DEFAULT: u64 = 64 << 20;
+pub const PAGE_CACHE_WINDOW_BYTES_DEFAULT: u64 = 64 << 20;
 pub const SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 pub const MAX_PAYLOAD_ENTRIES_DEFAULT: u64 = 256;
@@ -42,6 +43,11 @@ pub struct RaftConfig {
     pub election_timeout_ms_max: u64,
     pub pre_vote: bool,
     pub segment_bytes_max: u64,
+    /// Bytes at the end of the active segment left in the OS page cache once fsynced; the pages
+    /// before them, and sealed segments whole, are dropped from it (recent entries are read from
+    /// the tail cache). Keeps the log from growing the page cache by every byte written, which
+    /// costs more per write than the write itself on a VM. 0: leave the page cache to the kernel.
+    pub page_cache_window_bytes: u64,
     pub flush_mode: FlushMode,
     /// Deadline of installing one streamed snapshot (openraft's 200 ms default is far too small).
     pub snapshot_timeout_ms: u64,
@@ -65,6 +71,7 @@ impl Default for RaftConfig {
             election_timeout_ms_max: ELECTION_TIMEOUT_MS_MAX_DEFAULT,
             pre_vote: true,
             segment_bytes_max: SEGMENT_BYTES_MAX_DEFAULT,
+            page_cache_window_bytes: PAGE_CACHE_WINDOW_BYTES_DEFAULT,
             flush_mode: FlushMode::Fsync,
             snapshot_timeout_ms: SNAPSHOT_TIMEOUT_MS_DEFAULT,
             max_payload_entries: MAX_PAYLOAD_ENTRIES_DEFAULT,

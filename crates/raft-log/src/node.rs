@@ -143,6 +143,7 @@ impl<S: StateMachine> Member<S> {
             meta,
             cfg.raft.segment_bytes_max,
             cfg.raft.flush_mode,
+            cfg.raft.page_cache_window_bytes,
         )
         .map_err(|e| Error::io("open the log", e))?;
         if recovery.truncated_bytes > 0 || recovery.dropped_segments > 0 {

@@ -29,8 +29,17 @@ fn meta_db(dir: &std::path::Path) -> sled::Db {
 
 /// Opens (recovering) the log of the data dir `dir` with 1 MiB segments.
 fn open_report(dir: &std::path::Path, db: &sled::Db) -> (LogStore, RecoveryReport) {
+    open_with_window(dir, db, 64 << 10)
+}
+
+/// Opens the log with 1 MiB segments and this page-cache window.
+fn open_with_window(
+    dir: &std::path::Path,
+    db: &sled::Db,
+    window: u64,
+) -> (LogStore, RecoveryReport) {
     let meta = Meta::new(db.open_tree("raft").unwrap());
-    LogStore::open(&dir.join("log"), meta, 1 << 20, FlushMode::Fsync).unwrap()
+    LogStore::open(&dir.join("log"), meta, 1 << 20, FlushMode::Fsync, window).unwrap()
 }
 
 fn open(dir: &std::path::Path, db: &sled::Db) -> LogStore {
@@ -264,5 +273,87 @@ async fn t24_recent_reads_from_memory_match_the_files() {
     for ((a, b), want) in ranges.into_iter().zip(live) {
         let got = reader.try_get_log_entries(a..b).await.unwrap();
         assert_eq!(got, want, "entries {a}..{b} from the files");
+    }
+}
+
+/// Bytes of `path` in the page cache, as util-linux `fincore` reports them.
+fn resident_bytes(path: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .expect("run fincore (util-linux)");
+    assert!(out.status.success(), "fincore: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("fincore output {out:?}: {e}"))
+}
+
+/// Once durable, sealed segments leave the page cache whole and the active one keeps only its
+/// window; with the window at 0 the kernel keeps everything (which shows the check can fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t25_durable_log_pages_leave_the_page_cache() {
+    for window in [0u64, 128 << 10] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = meta_db(dir.path());
+        let (mut store, _) = open_with_window(dir.path(), &db, window);
+        // 400 entries of 8 KB, appended 20 at a time: 3+ segments of 1 MiB.
+        let body = |i: u64| Entry {
+            log_id: log_id(1, 1, i),
+            payload: EntryPayload::Normal(Payload(Bytes::from(vec![(i % 251) as u8; 8_000]))),
+        };
+        for chunk in 0..20 {
+            store
+                .append(
+                    (chunk * 20 + 1..=chunk * 20 + 20).map(body),
+                    IOFlushed::noop(),
+                )
+                .await
+                .unwrap();
+        }
+        // The vote waits for every earlier append to be fsynced (and so dropped).
+        store
+            .save_vote(&openraft::impls::Vote::new(1, 1))
+            .await
+            .unwrap();
+        let mut segments: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        segments.sort();
+        assert!(segments.len() >= 3, "{segments:?}");
+        let (active, sealed) = segments.split_last().unwrap();
+        for s in sealed {
+            let (len, res) = (std::fs::metadata(s).unwrap().len(), resident_bytes(s));
+            if window == 0 {
+                assert!(res * 2 > len, "{s:?}: only {res} of {len} bytes cached");
+            } else {
+                assert!(
+                    res <= 4096,
+                    "{s:?}: sealed, still {res} of {len} bytes cached"
+                );
+            }
+        }
+        let (len, res) = (
+            std::fs::metadata(active).unwrap().len(),
+            resident_bytes(active),
+        );
+        if window > 0 && len > window + (1 << 20) {
+            assert!(
+                res <= window + (1 << 20) + 4096,
+                "active: {res} of {len} cached"
+            );
+        }
+        // Everything still reads back (from the tail cache or the file).
+        let got = store
+            .get_log_reader()
+            .await
+            .try_get_log_entries(1..401)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 400);
+        assert!(got.iter().all(|e| e == &body(e.log_id.index)));
     }
 }

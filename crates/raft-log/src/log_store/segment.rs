@@ -6,6 +6,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use super::record::{self, HEADER_BYTES, Header, PAYLOAD_BYTES_MAX};
 use crate::types::{EntryPayload, LogId};
@@ -17,6 +18,8 @@ pub struct Segment {
     /// `positions[i]` is the file offset of the record of index `first_index + i`.
     positions: Vec<u64>,
     len: u64,
+    /// Offset below which this file's pages have been dropped from the page cache.
+    uncached_to: Arc<AtomicU64>,
 }
 
 impl Segment {
@@ -39,6 +42,7 @@ impl Segment {
             file: Arc::new(file),
             positions: Vec::new(),
             len: 0,
+            uncached_to: Arc::default(),
         })
     }
 
@@ -75,6 +79,7 @@ impl Segment {
                 file: Arc::new(file),
                 positions,
                 len: pos,
+                uncached_to: Arc::default(),
             },
             cut,
             seen,
@@ -93,10 +98,17 @@ impl Segment {
     pub fn len(&self) -> u64 {
         self.len
     }
-    pub(crate) fn sync_target(&self) -> super::SyncTarget {
+    /// What the flusher needs to make this segment's writes so far durable. After the fsync it
+    /// drops the pages below `uncache_below` from the page cache (all of them at `u64::MAX`).
+    pub(crate) fn sync_target(&self, uncache_below: u64) -> super::SyncTarget {
         super::SyncTarget {
             file: self.file.clone(),
             path: self.path.clone(),
+            uncache: super::Uncache {
+                below: uncache_below.min(self.len),
+                whole: uncache_below >= self.len,
+                done_to: self.uncached_to.clone(),
+            },
         }
     }
     pub fn modified(&self) -> Option<std::time::SystemTime> {

@@ -66,8 +66,64 @@ pub fn throughput(messages: u64, bytes_each: usize, elapsed: Duration) -> Throug
     }
 }
 
+/// The machine's CPU time counters (the `cpu` line of `/proc/stat`), to tell what share of a
+/// run's CPU time the hypervisor gave to other guests (steal): on a shared VM the same build's
+/// figures swing with it, so a benchmark reports it beside its figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// Every state's ticks added up (user, nice, system, idle, iowait, irq, softirq, steal).
+    pub total: u64,
+    pub steal: u64,
+}
+
+impl CpuTimes {
+    /// Now; `None` where `/proc/stat` is missing or unreadable.
+    pub fn read() -> Option<CpuTimes> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Parses the aggregate `cpu` line of a `/proc/stat` text.
+    pub fn parse(proc_stat: &str) -> Option<CpuTimes> {
+        let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal [guest guest_nice: already in user/nice]
+        let steal = *ticks.get(7)?;
+        Some(CpuTimes {
+            total: ticks.iter().take(8).sum(),
+            steal,
+        })
+    }
+
+    /// Percent of the CPU time since `earlier` that was stolen; `None` when no time passed.
+    pub fn steal_pct_since(&self, earlier: &CpuTimes) -> Option<f64> {
+        let total = self.total.checked_sub(earlier.total).filter(|t| *t > 0)?;
+        let steal = self.steal.saturating_sub(earlier.steal);
+        Some(100.0 * steal as f64 / total as f64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cpu_steal_share_from_proc_stat() {
+        let before = super::CpuTimes::parse(
+            "cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\nintr 1 2 3\n",
+        )
+        .unwrap();
+        assert_eq!(before.total, 1000);
+        assert_eq!(before.steal, 35);
+        let after = super::CpuTimes::parse("cpu  160 0 70 900 10 0 5 135 0 0\n").unwrap();
+        let pct = after.steal_pct_since(&before).unwrap();
+        assert!((pct - 100.0 * 100.0 / 280.0).abs() < 1e-9, "{pct}");
+        assert_eq!(before.steal_pct_since(&before), None);
+        assert_eq!(super::CpuTimes::parse("intr 1 2\n"), None);
+        assert_eq!(super::CpuTimes::parse("cpu  1 2 x 4\n"), None);
+    }
+
     use super::*;
 
     fn ms_vec(v: &[u64]) -> Vec<Duration> {

@@ -256,6 +256,13 @@ async fn t10_every_command_against_a_local_cluster() {
     );
     assert_eq!(bench[0]["bench"], "produce");
     assert_eq!(bench[0]["keys"], 4);
+    // Linux has /proc/stat: the hypervisor's share of the run's CPU time, a percentage.
+    let steal = bench[0]["cpu_steal_pct"].as_f64();
+    assert!(
+        steal.is_some_and(|s| (0.0..=100.0).contains(&s)),
+        "cpu_steal_pct: {}",
+        bench[0]
+    );
     assert_eq!(bench[0]["messages"], 400);
     assert_eq!(bench[0]["failed"], 0);
     has_keys(

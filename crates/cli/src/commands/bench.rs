@@ -17,7 +17,7 @@ use crate::commands::produce::generated_body;
 use crate::load::{Load, verify};
 use crate::local_cluster::{LocalCluster, LocalClusterOptions};
 use crate::output::{json_line, table};
-use crate::stats::{LatencySummary, summarize, throughput};
+use crate::stats::{CpuTimes, LatencySummary, summarize, throughput};
 
 pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
     match cmd {
@@ -52,7 +52,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                         "bench": "produce", "size": size, "inflight": inflight, "keys": keys,
                         "messages": t.messages, "failed": r.failed, "seconds": t.seconds,
                         "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
-                        "latency_ms": r.latency,
+                        "latency_ms": r.latency, "cpu_steal_pct": r.cpu_steal_pct,
                     }))
                 );
             } else {
@@ -68,6 +68,9 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                     t.mb_per_sec,
                     Some(&r.latency),
                 );
+                if let Some(steal) = r.cpu_steal_pct {
+                    println!("{}", steal_line(steal));
+                }
             }
             if r.failed > 0 {
                 bail!(
@@ -115,6 +118,16 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
     }
 }
 
+/// The CPU steal of a run, in words: on a shared VM, runs with much steal are not comparable.
+fn steal_line(pct: f64) -> String {
+    let note = if pct >= 2.0 {
+        " (the hypervisor ran other work: compare runs with little steal)"
+    } else {
+        ""
+    };
+    format!("cpu steal during the run: {pct:.1}% of this machine's CPU time{note}")
+}
+
 /// A local cluster when asked, and the topic (created when missing).
 async fn setup(nameserver: &str, target: &BenchTarget) -> Result<(Option<LocalCluster>, String)> {
     let (cluster, ns) = if target.local {
@@ -145,6 +158,8 @@ struct ProduceRun {
     first_error: Option<String>,
     elapsed: Duration,
     latency: LatencySummary,
+    /// Percent of the machine's CPU time the hypervisor took during the run (Linux VMs).
+    cpu_steal_pct: Option<f64>,
 }
 
 /// How the produce bench drives its producer.
@@ -189,6 +204,7 @@ async fn produce(
     let (mut sent, mut acked, mut failed) = (0u64, 0u64, 0u64);
     let mut first_error = None;
     let started = Instant::now();
+    let cpu_at_start = CpuTimes::read();
     let mut next_report = started + Duration::from_secs(1);
     let mut last_acked = 0u64;
     while acked + failed < count {
@@ -231,6 +247,9 @@ async fn produce(
         }
     }
     let elapsed = started.elapsed();
+    let cpu_steal_pct = CpuTimes::read()
+        .zip(cpu_at_start)
+        .and_then(|(end, start)| end.steal_pct_since(&start));
     drop(pending);
     producer.close().await;
     Ok(ProduceRun {
@@ -239,6 +258,7 @@ async fn produce(
         first_error,
         elapsed,
         latency: summarize(&mut lat),
+        cpu_steal_pct,
     })
 }
 

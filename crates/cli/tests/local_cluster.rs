@@ -1,6 +1,9 @@
 //! Tests against a real local cluster (a nameserver and three broker-node processes), run one at
 //! a time. Numbered by area, simple first:
 //! - t10: every CLI command, its exit status and its JSON shape;
+//! - t11-t13: the commands that start their own local cluster: `demo` (run whole, and interrupted
+//!   midway: no process left behind either way), `playground` (serves until Ctrl-C, then cleans
+//!   up), `bench failover`;
 //! - t20: consumer groups of two and three members share queues without overlap, a leaving
 //!   member hands its queues on, committed offsets resume in a new member;
 //! - t30: a producer across leader kills stores every acknowledged message once, and committed
@@ -319,7 +322,12 @@ async fn t10_every_command_against_a_local_cluster() {
     assert_eq!(drained[0]["messages"], 400);
     has_keys(
         &drained[0],
-        &["msgs_per_sec", "mb_per_sec", "end_to_end_latency_ms"],
+        &[
+            "msgs_per_sec",
+            "mb_per_sec",
+            "end_to_end_latency_ms",
+            "cpu_steal_pct",
+        ],
     );
 
     tracing::info!("leader transfer");
@@ -544,4 +552,249 @@ async fn t30_producer_and_offsets_across_leader_kills() {
     for c in second {
         c.close().await.expect("close");
     }
+}
+
+/// A `raftmq` command started on its own (it runs its own local cluster), its stdout read line by
+/// line in a thread so the test can wait for a line with a deadline.
+struct Running {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_raftmq"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn raftmq");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first line (from now on) containing `needle`, within `within`.
+    fn wait_line(&mut self, needle: &str, within: Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(e) => panic!(
+                    "no line with {needle:?} ({e}); output so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn interrupt(&self) {
+        let ok = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill -INT");
+        assert!(ok.success());
+    }
+
+    /// Waits for the exit (at most `within`) and returns whether it succeeded, with every line
+    /// printed.
+    fn finish(mut self, within: Duration) -> (bool, Vec<String>) {
+        let deadline = std::time::Instant::now() + within;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("still running after {within:?}:\n{}", self.seen.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // The reader thread ends at EOF; collect what it read after the last wait.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.seen.push(l);
+        }
+        (status.success(), self.seen)
+    }
+}
+
+/// Processes (other than zombies) whose command line mentions `text`.
+fn processes_mentioning(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(false);
+        if cmdline.contains(text) && !zombie {
+            found.push(format!("{}: {cmdline}", name.to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// Waits (up to 10 s) until no process mentions `dir` and `dir` is gone.
+fn assert_cleaned_up(dir: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = processes_mentioning(dir);
+        let exists = std::path::Path::new(dir).exists();
+        if left.is_empty() && !exists {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left behind: processes {left:?}, directory exists: {exists}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The directory a demo or playground says it keeps its data in.
+fn data_dir_in(line: &str) -> String {
+    let dir = line
+        .split_whitespace()
+        .find(|w| w.contains("raftmq-local-"))
+        .unwrap_or_else(|| panic!("no data directory in {line:?}"));
+    dir.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t11_demo_kills_the_leader_loses_nothing_and_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().await;
+
+    tracing::info!("the whole demo");
+    let mut demo = Running::start(&["demo"]);
+    let dir = data_dir_in(&demo.wait_line("data and logs in", Duration::from_secs(30)));
+    let (ok, out) = demo.finish(Duration::from_secs(90));
+    let text = out.join("\n");
+    assert!(ok, "demo failed:\n{text}");
+    for needle in [
+        "SIGKILL the leader",
+        "candidate → leader",
+        "caught up: follows the term-",
+        "acknowledged but lost                    0",
+        "nothing acknowledged was lost",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing in:\n{text}");
+    }
+    let acked = out
+        .iter()
+        .find_map(|l| l.strip_prefix("messages acknowledged"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no acknowledged count in:\n{text}"));
+    let consumed = out
+        .iter()
+        .find_map(|l| l.strip_prefix("messages consumed"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no consumed count in:\n{text}"));
+    assert!(acked > 100, "{acked} acknowledged");
+    assert!(consumed >= acked, "{consumed} consumed of {acked}");
+    assert_cleaned_up(&dir);
+
+    tracing::info!("the demo interrupted after the kill");
+    let mut demo = Running::start(&["demo"]);
+    let dir = data_dir_in(&demo.wait_line("data and logs in", Duration::from_secs(30)));
+    demo.wait_line("SIGKILL the leader", Duration::from_secs(30));
+    assert!(
+        !processes_mentioning(&dir).is_empty(),
+        "the demo's nodes run until interrupted"
+    );
+    demo.interrupt();
+    let (ok, out) = demo.finish(Duration::from_secs(30));
+    assert!(
+        !ok,
+        "an interrupted demo does not report success:\n{}",
+        out.join("\n")
+    );
+    assert_cleaned_up(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t12_playground_serves_until_interrupted() {
+    let _serial = SERIAL.lock().await;
+    let mut pg = Running::start(&["playground"]);
+    let ns_line = pg.wait_line("nameserver   ", Duration::from_secs(30));
+    let ns = ns_line
+        .split_whitespace()
+        .nth(1)
+        .expect("nameserver address")
+        .to_string();
+    let dir = data_dir_in(&pg.wait_line("data ", Duration::from_secs(10)));
+    pg.wait_line("Ctrl-C stops every process", Duration::from_secs(10));
+    // It serves: the status shows three nodes and a leader; a send is acknowledged.
+    let status = json_lines(&ok(&ns, &["cluster", "status", "--json"], None));
+    let broker = &status[0]["clusters"][0]["brokers"][0];
+    let nodes = broker["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 3, "{broker}");
+    assert!(nodes.iter().any(|n| n["role"] == "leader"), "{broker}");
+    let sent = json_lines(&ok(
+        &ns,
+        &["produce", "--topic", "playground", "--json"],
+        Some("hello\n"),
+    ));
+    assert_eq!(sent.len(), 1, "one acknowledged send");
+    pg.interrupt();
+    let (ok, out) = pg.finish(Duration::from_secs(30));
+    assert!(ok, "Ctrl-C is how a playground ends:\n{}", out.join("\n"));
+    assert_cleaned_up(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t13_bench_failover_reports_each_kill() {
+    let _serial = SERIAL.lock().await;
+    let run = Running::start(&["bench", "failover", "--kills", "2", "--json"]);
+    let (ok, out) = run.finish(Duration::from_secs(120));
+    assert!(ok, "bench failover failed:\n{}", out.join("\n"));
+    let v = json_lines(&out.join("\n"));
+    assert_eq!(v.len(), 1, "one JSON object: {out:?}");
+    let r = &v[0];
+    has_keys(
+        r,
+        &[
+            "outage_ms",
+            "election_ms",
+            "per_kill",
+            "acked",
+            "verify",
+            "cpu_steal_pct",
+        ],
+    );
+    assert_eq!(r["bench"], "failover");
+    assert_eq!(r["kills"], 2);
+    assert_eq!(r["per_kill"].as_array().map(Vec::len), Some(2), "{r}");
+    let p50 = r["outage_ms"]["p50_ms"].as_f64().expect("outage p50");
+    assert!(p50 > 0.0 && p50 < 30_000.0, "outage p50 {p50} ms");
+    assert!(r["acked"].as_u64().unwrap_or(0) > 0, "{r}");
+    assert_eq!(r["verify"]["lost"], 0, "{r}");
+    assert_eq!(r["verify"]["duplicates"], 0, "{r}");
 }

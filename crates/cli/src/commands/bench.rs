@@ -118,6 +118,21 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
     }
 }
 
+/// Measures the CPU steal from its start.
+struct StealMeter(Option<CpuTimes>);
+
+impl StealMeter {
+    fn start() -> StealMeter {
+        StealMeter(CpuTimes::read())
+    }
+
+    /// Percent of the machine's CPU time stolen since the start (None without /proc/stat).
+    fn pct(&self) -> Option<f64> {
+        let start = self.0.as_ref()?;
+        CpuTimes::read()?.steal_pct_since(start)
+    }
+}
+
 /// The CPU steal of a run, in words: on a shared VM, runs with much steal are not comparable.
 fn steal_line(pct: f64) -> String {
     let note = if pct >= 2.0 {
@@ -204,7 +219,7 @@ async fn produce(
     let (mut sent, mut acked, mut failed) = (0u64, 0u64, 0u64);
     let mut first_error = None;
     let started = Instant::now();
-    let cpu_at_start = CpuTimes::read();
+    let steal = StealMeter::start();
     let mut next_report = started + Duration::from_secs(1);
     let mut last_acked = 0u64;
     while acked + failed < count {
@@ -247,9 +262,7 @@ async fn produce(
         }
     }
     let elapsed = started.elapsed();
-    let cpu_steal_pct = CpuTimes::read()
-        .zip(cpu_at_start)
-        .and_then(|(end, start)| end.steal_pct_since(&start));
+    let cpu_steal_pct = steal.pct();
     drop(pending);
     producer.close().await;
     Ok(ProduceRun {
@@ -275,6 +288,7 @@ async fn consume(
     // consumer prefetches while it joins, so timing from the first message polled counted
     // messages that had arrived before it.
     let started = Instant::now();
+    let steal = StealMeter::start();
     let mut consumer = Consumer::builder(ns, group, topic)
         .start_from(StartFrom::Earliest)
         .build()?;
@@ -285,6 +299,7 @@ async fn consume(
         .map_or(Duration::ZERO, |l| l.duration_since(started));
     let avg = drain.bytes.checked_div(drain.n).unwrap_or(0) as usize;
     let t = throughput(drain.n, avg, elapsed);
+    let cpu_steal_pct = steal.pct();
     // Store → read of a backlog produced before is its age, not a latency: measure it on
     // messages produced while the consumer reads (at most 16 awaiting acknowledgement).
     let live = if backlog && drain.n >= count {
@@ -314,6 +329,7 @@ async fn consume(
                 "backlog": backlog,
                 "end_to_end_latency_ms": live.as_ref().map(|(_, l)| l).or(drain_lat.as_ref()),
                 "end_to_end_latency_messages": live.as_ref().map(|(n, _)| n),
+                "cpu_steal_pct": cpu_steal_pct,
             }))
         );
     } else {
@@ -330,6 +346,9 @@ async fn consume(
             t.mb_per_sec,
             drain_lat.as_ref(),
         );
+        if let Some(pct) = cpu_steal_pct {
+            println!("{}", steal_line(pct));
+        }
         if let Some((n, l)) = &live {
             println!(
                 "store → read latency of {n} messages produced while consuming (16 in flight)"
@@ -464,6 +483,7 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
             .build()?,
     );
     let load = Load::start(producer.clone(), topic, "f", senders, 128);
+    let steal = StealMeter::start();
     let mut results = Vec::new();
     for k in 1..=kills {
         let settle = Instant::now();
@@ -547,6 +567,7 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
         .map(|r| Duration::from_secs_f64(r.election_ms / 1000.0))
         .collect();
     let (o, e) = (summarize(&mut outages), summarize(&mut elections));
+    let cpu_steal_pct = steal.pct();
     if json {
         println!(
             "{}",
@@ -554,7 +575,7 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
                 "bench": "failover", "kills": results.len(), "outage_ms": o, "election_ms": e,
                 "per_kill": results, "acked": log.acks.len(), "failed_sends": log.failed,
                 "acked_as_duplicate": log.acks.iter().filter(|a| a.duplicate).count(),
-                "verify": report,
+                "verify": report, "cpu_steal_pct": cpu_steal_pct,
             }))
         );
     } else {
@@ -583,6 +604,9 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
             log.acks.len(),
             log.failed
         );
+        if let Some(pct) = cpu_steal_pct {
+            println!("{}", steal_line(pct));
+        }
         if let Some(r) = &report {
             println!(
                 "read back: {} consumed, {} lost, {} duplicates",

@@ -194,8 +194,9 @@ async fn watch_election(
     Ok((election.unwrap_or_default(), outage.unwrap_or_default()))
 }
 
-/// Waits until the restarted node is a follower that has applied nearly all the leader
-/// committed, printing its state changes. Returns the time since the restart.
+/// Waits until the restarted node follows the current leader (same term) and has applied all
+/// the leader had committed when the node came back, printing its state changes. Returns the
+/// time since the restart.
 async fn watch_rejoin(
     n: &Narrator,
     cluster: &mut LocalCluster,
@@ -205,15 +206,21 @@ async fn watch_rejoin(
 ) -> Result<Duration> {
     let mut last: Option<String> = Some("down".into());
     let deadline = restarted_at + Duration::from_secs(30);
+    // The leader's commit index when the node came back: what it must have to be caught up (the
+    // commit index itself moves on while the demo produces).
+    let mut target: Option<u64> = None;
     loop {
         cluster.check_children()?;
         let statuses = cluster.statuses(admin).await;
-        let leader_committed = statuses
+        let leader = statuses
             .iter()
             .filter_map(|(_, s)| s.as_ref())
             .filter(|s| s.role == "leader")
-            .map(|s| s.committed)
+            .map(|s| (s.term, s.committed))
             .max();
+        if target.is_none() {
+            target = leader.map(|(_, committed)| committed);
+        }
         if let Some((_, Some(s))) = statuses.iter().find(|(id, _)| *id == node) {
             let state = format!("{} (term {})", s.role, s.term);
             if last.as_deref() != Some(state.as_str()) {
@@ -226,12 +233,15 @@ async fn watch_rejoin(
                 last = Some(state);
             }
             if s.role == "follower"
-                && let Some(c) = leader_committed
-                && s.applied + 64 >= c
+                && let Some((leader_term, _)) = leader
+                && s.term == leader_term
+                && let Some(t) = target
+                && s.applied >= t
             {
                 let d = restarted_at.elapsed();
                 n.say(&format!(
-                    "  +{:>4} ms  node {node} caught up: applied {} of {c} committed",
+                    "  +{:>4} ms  node {node} caught up: follows the term-{leader_term} leader, \
+                     applied {} (the leader had committed {t} when node {node} restarted)",
                     d.as_millis(),
                     s.applied
                 ));

@@ -394,15 +394,18 @@ impl Inner {
         (index < s.next_index()).then_some(s)
     }
 
-    fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
-        let mut out = Vec::new();
+    /// Plans reading entries `[start, end)`: those in the tail cache are taken at once, the rest
+    /// become file reads that [`ReadPlan::run`] does after the caller released the lock (a read
+    /// from disk must not hold up appends).
+    fn plan_range(&self, start: u64, end: u64) -> ReadPlan {
+        let mut plan = ReadPlan::default();
         let mut i = match self.purged {
             Some(p) => start.max(p + 1),
             None => start,
         };
         while i < end {
             if let Some(e) = self.tail.get(i) {
-                out.push((e.log_id, e.payload.clone()));
+                plan.push_cached(e.log_id, e.payload.clone());
                 i += 1;
                 continue;
             }
@@ -426,8 +429,41 @@ impl Inner {
             if !self.tail.entries.is_empty() && i < self.tail.first {
                 stop = stop.min(self.tail.first);
             }
-            seg.read_entries(i, stop, &mut out)?;
+            plan.pieces.extend(seg.plan_read(i, stop).map(Piece::File));
             i = stop;
+        }
+        plan
+    }
+}
+
+/// Entries to read, in order: some already in memory, some still to read from segment files.
+#[derive(Default)]
+struct ReadPlan {
+    pieces: Vec<Piece>,
+}
+
+enum Piece {
+    Cached(Vec<(LogId, EntryPayload)>),
+    File(segment::SegmentRead),
+}
+
+impl ReadPlan {
+    fn push_cached(&mut self, id: LogId, payload: EntryPayload) {
+        if let Some(Piece::Cached(v)) = self.pieces.last_mut() {
+            v.push((id, payload));
+        } else {
+            self.pieces.push(Piece::Cached(vec![(id, payload)]));
+        }
+    }
+
+    /// Does the file reads (call it without the log's lock) and returns the entries in order.
+    fn run(self) -> io::Result<Vec<(LogId, EntryPayload)>> {
+        let mut out = Vec::new();
+        for p in self.pieces {
+            match p {
+                Piece::Cached(mut v) => out.append(&mut v),
+                Piece::File(r) => r.read(&mut out)?,
+            }
         }
         Ok(out)
     }
@@ -467,8 +503,12 @@ impl LogReader {
     /// Reads committed or uncommitted entries `[start, end)` that are present; used by the broker to
     /// serve pulls. Stops early at a hole (purged or not yet written).
     pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
-        let g = self.inner.read().map_err(|_| poisoned())?;
-        g.read_range(start, end)
+        let plan = self
+            .inner
+            .read()
+            .map_err(|_| poisoned())?
+            .plan_range(start, end);
+        plan.run()
     }
 
     /// While this member is repairing a log that lost entries it had stored (see
@@ -506,9 +546,12 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let g = self.inner.read().map_err(|_| poisoned())?;
-        let (start, end) = range_to(&range, g.last.map(|l| l.index));
-        let rows = g.read_range(start, end)?;
+        let plan = {
+            let g = self.inner.read().map_err(|_| poisoned())?;
+            let (start, end) = range_to(&range, g.last.map(|l| l.index));
+            g.plan_range(start, end)
+        };
+        let rows = plan.run()?;
         Ok(rows
             .into_iter()
             .map(|(log_id, payload)| Entry { log_id, payload })

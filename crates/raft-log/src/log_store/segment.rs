@@ -146,39 +146,17 @@ impl Segment {
     }
 
     /// Reads records `[start, end)` (all inside this segment) with one read, checking each CRC.
-    pub fn read_entries(
-        &self,
-        start: u64,
-        end: u64,
-        out: &mut Vec<(LogId, EntryPayload)>,
-    ) -> io::Result<()> {
-        if start >= end {
-            return Ok(());
-        }
-        let from = self.positions[(start - self.first_index) as usize];
-        let to = self.end_of(end - 1);
-        let mut buf = vec![0u8; (to - from) as usize];
-        self.file.read_exact_at(&mut buf, from)?;
-        let mut off = 0usize;
-        for index in start..end {
-            let hb: &[u8; HEADER_BYTES] = buf[off..off + HEADER_BYTES]
-                .try_into()
-                .expect("header bytes");
-            let h = Header::parse(hb);
-            let body = &buf[off + HEADER_BYTES..off + h.record_len() as usize];
-            if h.index != index || record::checksum(&hb[8..], body) != h.crc {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "log record {index} in {} failed its CRC check",
-                        self.path.display()
-                    ),
-                ));
-            }
-            out.push((h.log_id(), record::decode_payload(body)?));
-            off += h.record_len() as usize;
-        }
-        Ok(())
+    /// What reading the records `[start, end)` takes: planned under the log's lock, done after it
+    /// is released (see [`SegmentRead`]). None for an empty range.
+    pub fn plan_read(&self, start: u64, end: u64) -> Option<SegmentRead> {
+        (start < end).then(|| SegmentRead {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            from: self.positions[(start - self.first_index) as usize],
+            to: self.end_of(end - 1),
+            start,
+            end,
+        })
     }
 
     /// Cuts every record from `next` on, durably.
@@ -265,4 +243,50 @@ fn salvage_scan(
         index += 1;
     }
     Ok(seen)
+}
+
+/// A planned read of consecutive records of one segment. It holds the file open, so it can be done
+/// without the log's lock: a purge that deletes the segment meanwhile leaves the open file
+/// readable, and anything else that changed the bytes (a truncation and a re-append of entries
+/// that were never committed) fails the index or CRC check of a record instead of being served.
+pub struct SegmentRead {
+    file: Arc<File>,
+    path: Arc<PathBuf>,
+    from: u64,
+    to: u64,
+    start: u64,
+    end: u64,
+}
+
+impl SegmentRead {
+    pub fn read(&self, out: &mut Vec<(LogId, EntryPayload)>) -> io::Result<()> {
+        let mut buf = vec![0u8; (self.to - self.from) as usize];
+        self.file.read_exact_at(&mut buf, self.from)?;
+        let mut off = 0usize;
+        for index in self.start..self.end {
+            let bad = || {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "log record {index} in {} failed its CRC check",
+                        self.path.display()
+                    ),
+                )
+            };
+            let hb: &[u8; HEADER_BYTES] = buf
+                .get(off..off + HEADER_BYTES)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(bad)?;
+            let h = Header::parse(hb);
+            let body = buf
+                .get(off + HEADER_BYTES..off + h.record_len() as usize)
+                .ok_or_else(bad)?;
+            if h.index != index || record::checksum(&hb[8..], body) != h.crc {
+                return Err(bad());
+            }
+            out.push((h.log_id(), record::decode_payload(body)?));
+            off += h.record_len() as usize;
+        }
+        Ok(())
+    }
 }

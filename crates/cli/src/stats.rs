@@ -108,23 +108,23 @@ impl CpuTimes {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn cpu_steal_share_from_proc_stat() {
-        let before = super::CpuTimes::parse(
+        let before = CpuTimes::parse(
             "cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 50 0 25 400 5 0 2 18 0 0\nintr 1 2 3\n",
         )
         .unwrap();
         assert_eq!(before.total, 1000);
         assert_eq!(before.steal, 35);
-        let after = super::CpuTimes::parse("cpu  160 0 70 900 10 0 5 135 0 0\n").unwrap();
+        let after = CpuTimes::parse("cpu  160 0 70 900 10 0 5 135 0 0\n").unwrap();
         let pct = after.steal_pct_since(&before).unwrap();
         assert!((pct - 100.0 * 100.0 / 280.0).abs() < 1e-9, "{pct}");
         assert_eq!(before.steal_pct_since(&before), None);
-        assert_eq!(super::CpuTimes::parse("intr 1 2\n"), None);
-        assert_eq!(super::CpuTimes::parse("cpu  1 2 x 4\n"), None);
+        assert_eq!(CpuTimes::parse("intr 1 2\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 x 4\n"), None);
     }
-
-    use super::*;
 
     fn ms_vec(v: &[u64]) -> Vec<Duration> {
         v.iter().map(|m| Duration::from_millis(*m)).collect()

@@ -51,15 +51,19 @@ async fn written_log(n: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let db = meta_db(dir.path());
     let mut store = open(dir.path(), &db);
-    store
-        .append((1..=n).map(entry), IOFlushed::noop())
-        .await
-        .unwrap();
+    append_durably(&mut store, [(1..=n).map(entry).collect()]).await;
+    dir
+}
+
+/// Appends each batch, then saves a vote, which waits for every earlier append to be fsynced.
+async fn append_durably(store: &mut LogStore, batches: impl IntoIterator<Item = Vec<Entry>>) {
+    for b in batches {
+        store.append(b, IOFlushed::noop()).await.unwrap();
+    }
     store
         .save_vote(&openraft::impls::Vote::new(1, 1))
         .await
         .unwrap();
-    dir
 }
 
 struct Builder;
@@ -303,20 +307,12 @@ async fn t25_durable_log_pages_leave_the_page_cache() {
             log_id: log_id(1, 1, i),
             payload: EntryPayload::Normal(Payload(Bytes::from(vec![(i % 251) as u8; 8_000]))),
         };
-        for chunk in 0..20 {
-            store
-                .append(
-                    (chunk * 20 + 1..=chunk * 20 + 20).map(body),
-                    IOFlushed::noop(),
-                )
-                .await
-                .unwrap();
-        }
         // The vote waits for every earlier append to be fsynced (and so dropped).
-        store
-            .save_vote(&openraft::impls::Vote::new(1, 1))
-            .await
-            .unwrap();
+        append_durably(
+            &mut store,
+            (0..20).map(|c| (c * 20 + 1..=c * 20 + 20).map(body).collect()),
+        )
+        .await;
         let mut segments: Vec<_> = std::fs::read_dir(dir.path().join("log"))
             .unwrap()
             .map(|e| e.unwrap().path())

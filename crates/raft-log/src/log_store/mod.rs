@@ -503,11 +503,20 @@ impl LogReader {
     /// Reads committed or uncommitted entries `[start, end)` that are present; used by the broker to
     /// serve pulls. Stops early at a hole (purged or not yet written).
     pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<(LogId, EntryPayload)>> {
-        let plan = self
-            .inner
-            .read()
-            .map_err(|_| poisoned())?
-            .plan_range(start, end);
+        self.read_planned(|_| (start, end))
+    }
+
+    /// Reads the range `bounds` picks from the log's state: planned under the lock, the file reads
+    /// done after releasing it.
+    fn read_planned(
+        &self,
+        bounds: impl FnOnce(&Inner) -> (u64, u64),
+    ) -> io::Result<Vec<(LogId, EntryPayload)>> {
+        let plan = {
+            let g = self.inner.read().map_err(|_| poisoned())?;
+            let (start, end) = bounds(&g);
+            g.plan_range(start, end)
+        };
         plan.run()
     }
 
@@ -546,12 +555,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let plan = {
-            let g = self.inner.read().map_err(|_| poisoned())?;
-            let (start, end) = range_to(&range, g.last.map(|l| l.index));
-            g.plan_range(start, end)
-        };
-        let rows = plan.run()?;
+        let rows = self.read_planned(|g| range_to(&range, g.last.map(|l| l.index)))?;
         Ok(rows
             .into_iter()
             .map(|(log_id, payload)| Entry { log_id, payload })

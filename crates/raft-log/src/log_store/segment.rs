@@ -145,7 +145,6 @@ impl Segment {
         Ok(Header::parse(&hb))
     }
 
-    /// Reads records `[start, end)` (all inside this segment) with one read, checking each CRC.
     /// What reading the records `[start, end)` takes: planned under the log's lock, done after it
     /// is released (see [`SegmentRead`]). None for an empty range.
     pub fn plan_read(&self, start: u64, end: u64) -> Option<SegmentRead> {
@@ -259,6 +258,7 @@ pub struct SegmentRead {
 }
 
 impl SegmentRead {
+    /// Reads the records (all inside this segment) with one read, checking each index and CRC.
     pub fn read(&self, out: &mut Vec<(LogId, EntryPayload)>) -> io::Result<()> {
         let mut buf = vec![0u8; (self.to - self.from) as usize];
         self.file.read_exact_at(&mut buf, self.from)?;

@@ -26,6 +26,7 @@ pub mod state;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::routing::get;
@@ -70,10 +71,11 @@ pub async fn serve(
     retention::spawn(node.clone());
     preferred::spawn(node.clone());
 
+    // The whole server ("") answers health checks as soon as it listens (liveness); the broker
+    // service is SERVING only while the node is ready (leads, or follows a live leader and holds
+    // what it committed, not catching up or repairing): the readiness an orchestrator waits for.
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<BrokerServiceServer<service::Broker>>()
-        .await;
+    spawn_readiness(node.clone(), health_reporter);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(raftmq_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -130,9 +132,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     serve(cfg, shutdown_signal()).await
 }
 
+/// The log filter when `RUST_LOG` is not set. openraft's own warnings repeat on every failed
+/// attempt (each heartbeat to a dead peer, 20 a second); the member logs a peer's changes of state
+/// and a periodic summary itself. `RUST_LOG=info,openraft=warn` shows openraft's too.
+pub const DEFAULT_LOG_FILTER: &str = "info,openraft=error";
+
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -166,3 +173,31 @@ async fn shutdown_signal() {
 
 /// Keeps the node alive for callers that need the handle (tests).
 pub type NodeHandle = Arc<node::Node>;
+
+/// Keeps the broker service's health status equal to the node's readiness, checked on every status
+/// change and at least every 200 ms.
+fn spawn_readiness(node: Arc<node::Node>, reporter: tonic_health::server::HealthReporter) {
+    let mut watch = node.member.watch();
+    tokio::spawn(async move {
+        let mut ready = None;
+        loop {
+            let now = node.member.ready();
+            if ready != Some(now) {
+                ready = Some(now);
+                if now {
+                    reporter
+                        .set_serving::<BrokerServiceServer<service::Broker>>()
+                        .await;
+                } else {
+                    reporter
+                        .set_not_serving::<BrokerServiceServer<service::Broker>>()
+                        .await;
+                }
+            }
+            let changed = tokio::time::timeout(Duration::from_millis(200), watch.changed()).await;
+            if matches!(changed, Ok(Err(_))) {
+                break;
+            }
+        }
+    });
+}

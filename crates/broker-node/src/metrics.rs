@@ -24,6 +24,12 @@ struct M {
     pulled: IntCounterVec,
     send_seconds: Histogram,
     disk_bytes: IntGauge,
+    peer_reachable: IntGaugeVec,
+    peer_bytes_per_sec: IntGaugeVec,
+    peer_catch_up_pct: IntGaugeVec,
+    catch_up_pct: IntGauge,
+    catch_up_bytes_per_sec: IntGauge,
+    ready: IntGauge,
 }
 
 fn build() -> Option<M> {
@@ -71,6 +77,45 @@ fn build() -> Option<M> {
         )
         .ok()?,
         disk_bytes: IntGauge::new("raftmq_log_disk_bytes", "bytes of log segments on disk").ok()?,
+        peer_reachable: IntGaugeVec::new(
+            Opts::new(
+                "raftmq_raft_peer_reachable",
+                "1 while appends to the peer succeed, 0 once several failed in a row (leader only)",
+            ),
+            &["node_id"],
+        )
+        .ok()?,
+        peer_bytes_per_sec: IntGaugeVec::new(
+            Opts::new(
+                "raftmq_raft_peer_replicated_bytes_per_second",
+                "bytes a second of appends the peer answered lately (leader only)",
+            ),
+            &["node_id"],
+        )
+        .ok()?,
+        peer_catch_up_pct: IntGaugeVec::new(
+            Opts::new(
+                "raftmq_raft_peer_catch_up_percent",
+                "progress of a peer catching up, 0-100; absent when it is not (leader only)",
+            ),
+            &["node_id"],
+        )
+        .ok()?,
+        catch_up_pct: IntGauge::new(
+            "raftmq_raft_catch_up_percent",
+            "progress of this node catching up with its leader, 0-100 (100 when it is not)",
+        )
+        .ok()?,
+        catch_up_bytes_per_sec: IntGauge::new(
+            "raftmq_raft_catch_up_bytes_per_second",
+            "bytes a second this node receives while catching up (0 when it is not)",
+        )
+        .ok()?,
+        ready: IntGauge::new(
+            "raftmq_node_ready",
+            "1 while the node is ready (leads, or follows a live leader and has caught up)",
+        )
+        .ok()?,
     };
     reg(Box::new(m.role.clone()));
     reg(Box::new(m.term.clone()));
@@ -84,6 +129,12 @@ fn build() -> Option<M> {
     reg(Box::new(m.pulled.clone()));
     reg(Box::new(m.send_seconds.clone()));
     reg(Box::new(m.disk_bytes.clone()));
+    reg(Box::new(m.peer_reachable.clone()));
+    reg(Box::new(m.peer_bytes_per_sec.clone()));
+    reg(Box::new(m.peer_catch_up_pct.clone()));
+    reg(Box::new(m.catch_up_pct.clone()));
+    reg(Box::new(m.catch_up_bytes_per_sec.clone()));
+    reg(Box::new(m.ready.clone()));
     Some(m)
 }
 
@@ -137,11 +188,32 @@ pub fn spawn_sampler(node: &Arc<Node>) {
                 m.committed.set(st.committed as i64);
                 m.applied.set(st.applied as i64);
                 m.follower_lag.reset();
+                m.peer_reachable.reset();
+                m.peer_bytes_per_sec.reset();
+                m.peer_catch_up_pct.reset();
                 for p in &st.peers {
-                    m.follower_lag
-                        .with_label_values(&[&p.node_id.to_string()])
-                        .set(p.lag as i64);
+                    let id = p.node_id.to_string();
+                    m.follower_lag.with_label_values(&[&id]).set(p.lag as i64);
+                    m.peer_reachable
+                        .with_label_values(&[&id])
+                        .set(p.reachable as i64);
+                    m.peer_bytes_per_sec
+                        .with_label_values(&[&id])
+                        .set(p.bytes_per_sec as i64);
+                    if let Some(c) = &p.catch_up {
+                        m.peer_catch_up_pct
+                            .with_label_values(&[&id])
+                            .set(c.progress_pct() as i64);
+                    }
                 }
+                m.catch_up_pct.set(
+                    st.catch_up
+                        .as_ref()
+                        .map_or(100, |c| c.progress_pct() as i64),
+                );
+                m.catch_up_bytes_per_sec
+                    .set(st.catch_up.as_ref().map_or(0, |c| c.bytes_per_sec as i64));
+                m.ready.set(n.member.ready() as i64);
                 m.disk_bytes.set(n.member.disk_bytes() as i64);
             }
             term = st.term;

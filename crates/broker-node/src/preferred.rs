@@ -66,8 +66,12 @@ mod tests {
                 matched: Some(10 - lag),
                 lag,
                 last_ack_ms: ack,
+                reachable: true,
+                bytes_per_sec: 0,
+                catch_up: None,
             }],
             millis_since_leader_contact: Some(0),
+            catch_up: None,
         }
     }
 

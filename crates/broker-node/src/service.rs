@@ -267,6 +267,9 @@ impl Broker {
                     matched_index: p.matched.unwrap_or(0),
                     lag: p.lag,
                     last_ack_ms: p.last_ack_ms,
+                    reachable: p.reachable,
+                    bytes_per_sec: p.bytes_per_sec,
+                    catch_up: p.catch_up.as_ref().map(catch_up_status),
                 })
                 .collect(),
             read_hint: Some(raftmq_proto::v1::ReadHintConfig {
@@ -282,6 +285,8 @@ impl Broker {
             queues,
             flush_mode: n.cfg.raft.flush_mode.as_str().into(),
             repairing_to: n.member.repairing().map(|(_, floor)| floor),
+            catch_up: st.catch_up.as_ref().map(catch_up_status),
+            ready: n.member.ready(),
         }
     }
 
@@ -907,6 +912,16 @@ impl AdminService for Broker {
             .err()
             .and_then(propose_error);
         Ok(Response::new(ChangeVotersResponse { error }))
+    }
+}
+
+fn catch_up_status(c: &raftmq_raft_log::CatchUp) -> raftmq_proto::v1::CatchUpStatus {
+    raftmq_proto::v1::CatchUpStatus {
+        from_index: c.from,
+        at_index: c.at,
+        target_index: c.target,
+        progress_pct: c.progress_pct(),
+        bytes_per_sec: c.bytes_per_sec,
     }
 }
 

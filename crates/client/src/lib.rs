@@ -44,7 +44,7 @@ pub use error::{Error, Result};
 pub use nameserver::{BrokerRoute, RouteNode, TopicRoute, parse_nameservers};
 pub use producer::{Message, Producer, ProducerBuilder, ProducerConfig, SendReceipt};
 pub use queue::QueueId;
-pub use raftmq_proto::v1::{ErrorCode, NodeRef, NodeStatusResponse};
+pub use raftmq_proto::v1::{CatchUpStatus, ErrorCode, NodeRef, NodeStatusResponse, PeerStatus};
 pub use router::RetryPolicy;
 /// The type of a received message's body.
 pub use tonic::codegen::Bytes;

@@ -33,6 +33,8 @@ pub const SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 pub const MAX_PAYLOAD_ENTRIES_DEFAULT: u64 = 256;
 pub const CHECKPOINT_EVERY_ENTRIES_DEFAULT: u64 = 1024;
+pub const CATCH_UP_BYTES_PER_SEC_BUSY_DEFAULT: u64 = 64 << 20;
+pub const APPEND_BYTES_MAX_DEFAULT: u64 = crate::log_store::APPEND_BYTES_MAX_DEFAULT;
 
 /// Knobs of the replicated log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +55,12 @@ pub struct RaftConfig {
     pub snapshot_timeout_ms: u64,
     /// Entries per append RPC.
     pub max_payload_entries: u64,
+    /// Payload bytes per append RPC (at least one entry is sent whatever its size): a follower
+    /// catching up gets the log in appends of bounded work, each with a deadline for its bytes.
+    pub append_bytes_max: u64,
+    /// Bytes a second a follower catching up from the leader's disk may take while clients write
+    /// to the group (0: unpaced); on an idle group catch-up runs unpaced.
+    pub catch_up_bytes_per_sec_busy: u64,
     /// Optional shared secret that every peer request must carry.
     pub peer_secret: Option<String>,
     /// The state is checkpointed at every multiple of this log index; retention snapshots and
@@ -75,6 +83,8 @@ impl Default for RaftConfig {
             flush_mode: FlushMode::Fsync,
             snapshot_timeout_ms: SNAPSHOT_TIMEOUT_MS_DEFAULT,
             max_payload_entries: MAX_PAYLOAD_ENTRIES_DEFAULT,
+            append_bytes_max: APPEND_BYTES_MAX_DEFAULT,
+            catch_up_bytes_per_sec_busy: CATCH_UP_BYTES_PER_SEC_BUSY_DEFAULT,
             peer_secret: None,
             checkpoint_every_entries: CHECKPOINT_EVERY_ENTRIES_DEFAULT,
             pipeline_appends: true,
@@ -125,6 +135,18 @@ impl RaftConfig {
         }
         if self.max_payload_entries == 0 {
             return err("raft.max_payload_entries", "must be at least 1".into());
+        }
+        if self.catch_up_bytes_per_sec_busy != 0 && self.catch_up_bytes_per_sec_busy < 1 << 20 {
+            return err(
+                "raft.catch_up_bytes_per_sec_busy",
+                "must be 0 (unpaced) or at least 1048576 (1 MiB/s)".into(),
+            );
+        }
+        if !(64 << 10..=64 << 20).contains(&self.append_bytes_max) {
+            return err(
+                "raft.append_bytes_max",
+                "must be between 65536 (64 KiB) and 67108864 (64 MiB)".into(),
+            );
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! - [`types`]: the openraft type configuration.
 //! - [`testkit`]: a local group of members with abrupt kill, for tests and benchmarks.
 
+pub mod catchup;
 pub mod config;
 mod encoding;
 pub mod error;
@@ -16,11 +17,13 @@ pub mod log_store;
 mod metrics;
 pub mod network;
 pub mod node;
+pub mod peers;
 pub mod server;
 pub mod state_machine;
 pub mod testkit;
 pub mod types;
 
+pub use catchup::CatchUp;
 pub use config::{FlushMode, RaftConfig};
 pub use error::{Error, ProposeError};
 pub use node::{Member, MemberConfig, PeerProgress, Role, Status};

@@ -26,10 +26,23 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::peers::Links;
 use crate::state_machine::Snapshot;
 use crate::types::{NodeId, TypeConfig, Vote};
 
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// The slowest a follower may take in an append and still count as answering: an append of N bytes
+/// gets openraft's deadline plus N bytes at this rate, counted from when the follower could start
+/// on it (its send, or the answer to the one before it on the stream, whichever is later). A
+/// 4 MiB append to a follower catching up from disk then gets ~0.5 s, not the 50 ms of a heartbeat
+/// (which made a far-behind follower redo the same appends forever).
+pub const APPEND_FLOOR_BYTES_PER_SEC: u64 = 8 << 20;
+
+/// The deadline of an append of `bytes` bytes, given openraft's deadline `ttl`.
+pub fn append_deadline(ttl: Duration, bytes: usize) -> Duration {
+    ttl + Duration::from_micros(bytes as u64 * 1_000_000 / APPEND_FLOOR_BYTES_PER_SEC)
+}
 
 /// Who we are, stamped on every request so a peer can refuse requests from another group.
 #[derive(Clone, Debug)]
@@ -58,6 +71,7 @@ pub struct NetworkFactory {
     routes: Arc<std::collections::BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
     pipeline: bool,
+    links: Arc<Mutex<Links>>,
 }
 
 impl NetworkFactory {
@@ -71,7 +85,13 @@ impl NetworkFactory {
             routes: Arc::new(routes),
             channels: Arc::new(Mutex::new(HashMap::new())),
             pipeline,
+            links: Arc::default(),
         }
+    }
+
+    /// The links to every peer this member has dialled (reachability, backoff, bytes answered).
+    pub fn links(&self) -> Arc<Mutex<Links>> {
+        self.links.clone()
     }
 
     fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, String> {
@@ -118,6 +138,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             channel,
             pipeline: self.pipeline,
+            links: self.links.clone(),
         }
     }
 }
@@ -127,6 +148,50 @@ pub struct PeerClient {
     target: NodeId,
     channel: Result<Channel, String>,
     pipeline: bool,
+    links: Arc<Mutex<Links>>,
+}
+
+impl PeerClient {
+    /// Waits out the peer's backoff: an attempt to a peer that keeps failing is spaced out instead
+    /// of retried at once (openraft's replication loop retries without pause).
+    async fn backoff(&self) {
+        let wait = self
+            .links
+            .lock()
+            .map(|mut l| l.wait_before_attempt(self.target, Instant::now()))
+            .unwrap_or_default();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn succeeded(&self, acked_bytes: u64) {
+        note_success(&self.links, self.target, acked_bytes);
+    }
+
+    fn failed<E: std::fmt::Display>(&self, e: &E) {
+        note_failure(&self.links, self.target, e);
+    }
+}
+
+fn note_success(links: &Mutex<Links>, target: NodeId, acked_bytes: u64) {
+    let event = links.lock().ok().and_then(|mut l| {
+        l.add_acked_bytes(target, acked_bytes);
+        l.on_success(target, Instant::now())
+    });
+    if let Some(e) = event {
+        e.log();
+    }
+}
+
+fn note_failure<E: std::fmt::Display>(links: &Mutex<Links>, target: NodeId, e: &E) {
+    let event = links
+        .lock()
+        .ok()
+        .and_then(|mut l| l.on_failure(target, &e.to_string(), Instant::now()));
+    if let Some(e) = event {
+        e.log();
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -205,12 +270,20 @@ impl PeerClient {
         payload: Vec<u8>,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
+        // A vote goes out at once: an election must not wait on a backoff.
+        if !matches!(kind, Kind::Vote | Kind::PreVote) {
+            self.backoff().await;
+        }
         let mut client = self.client()?;
+        let bytes = payload.len();
         let mut request = tonic::Request::new(RaftRequest {
             header: Some(self.me.header()),
             payload,
         });
-        let ttl = option.hard_ttl();
+        let ttl = match kind {
+            Kind::Append => append_deadline(option.hard_ttl(), bytes),
+            _ => option.hard_ttl(),
+        };
         request.set_timeout(ttl);
         let fut = async {
             match kind {
@@ -222,14 +295,25 @@ impl PeerClient {
         };
         let reply = match tokio::time::timeout(ttl, fut).await {
             Err(_) => {
-                return Err(network(format!(
+                let e = network(format!(
                     "peer {} did not answer within {ttl:?}",
                     self.target
-                )));
+                ));
+                self.failed(&e);
+                return Err(e);
             }
-            Ok(Err(status)) => return Err(status_to_rpc(self.target, status)),
+            Ok(Err(status)) => {
+                let e = status_to_rpc(self.target, status);
+                self.failed(&e);
+                return Err(e);
+            }
             Ok(Ok(r)) => r.into_inner(),
         };
+        self.succeeded(if matches!(kind, Kind::Append) {
+            bytes as u64
+        } else {
+            0
+        });
         reply_payload(self.target, reply)
     }
 }
@@ -251,11 +335,12 @@ impl PeerClient {
     where
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
+        self.backoff().await;
         let mut client = self.client()?;
         let ttl = option.hard_ttl();
         let target = self.target;
-        // When each request still unanswered was sent, oldest first.
-        let sent: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
+        // When each request still unanswered was sent and its size, oldest first.
+        let sent: Arc<Mutex<Sent>> = Arc::default();
         let header = Some(self.me.header());
         let sent_in = sent.clone();
         // The session is over once openraft drops the reply stream (an error, a timeout, a new
@@ -275,35 +360,53 @@ impl PeerClient {
                         _ = session_over.changed() => None,
                         req = input.next() => req,
                     }?;
-                    if let Ok(mut q) = sent_in.lock() {
-                        q.push_back(Instant::now());
-                    }
                     let request = RaftRequest {
                         header: header.take(),
                         // An unencodable request (never seen) goes out empty: the follower
                         // refuses it, which ends the stream with an error.
                         payload: encode_append(&req).unwrap_or_default(),
                     };
+                    if let Ok(mut q) = sent_in.lock() {
+                        q.requests
+                            .push_back((Instant::now(), request.payload.len()));
+                    }
                     Some((request, (input, session_over, header)))
                 }
             },
         );
         let replies = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
             Err(_) => {
-                return Err(network(format!(
+                let e = network(format!(
                     "peer {target} did not open the append stream within {ttl:?}"
-                )));
+                ));
+                self.failed(&e);
+                return Err(e);
             }
-            Ok(Err(status)) => return Err(status_to_rpc(target, status)),
+            Ok(Err(status)) => {
+                let e = status_to_rpc(target, status);
+                self.failed(&e);
+                return Err(e);
+            }
             Ok(Ok(r)) => r.into_inner(),
         };
+        if let Ok(mut q) = sent.lock() {
+            q.answered_at = Some(Instant::now());
+        }
+        let links = self.links.clone();
         // The state holds `session_open`: when the reply stream ends or is dropped, so is it, and
         // the request stream stops.
         let strm = futures::stream::unfold(Some((replies, session_open)), move |state| {
             let sent = sent.clone();
+            let links = links.clone();
             async move {
                 let (mut replies, session_open) = state?;
                 let item = next_append_reply(target, &mut replies, &sent, ttl).await;
+                match &item {
+                    Some(Ok((_, bytes))) => note_success(&links, target, *bytes as u64),
+                    Some(Err(e)) => note_failure(&links, target, e),
+                    None => {}
+                }
+                let item = item.map(|r| r.and_then(|(reply, _)| reply));
                 match item {
                     Some(Ok(Ok(m))) => Some((Ok(Ok(m)), Some((replies, session_open)))),
                     Some(other) => Some((other, None)),
@@ -315,29 +418,57 @@ impl PeerClient {
     }
 }
 
-/// Waits for the next reply of an append stream, failing once the oldest unanswered request is
-/// older than `ttl`. None: the follower closed the stream after answering everything.
+/// The requests of an append stream still unanswered, oldest first: when each was sent and its
+/// encoded size; and when the follower last answered (or the stream opened).
+#[derive(Default)]
+struct Sent {
+    requests: VecDeque<(Instant, usize)>,
+    answered_at: Option<Instant>,
+}
+
+impl Sent {
+    /// When the oldest unanswered request must have been answered: the follower could start on
+    /// it once it was sent and the one before it was answered; from then it gets
+    /// [`append_deadline`] for its size.
+    fn deadline(&self, ttl: Duration) -> Option<(Instant, Duration)> {
+        let (sent, bytes) = *self.requests.front()?;
+        let start = self.answered_at.map_or(sent, |a| a.max(sent));
+        let allowed = append_deadline(ttl, bytes);
+        Some((start + allowed, allowed))
+    }
+}
+
+/// The reply to an append and the encoded size of the request it answers.
+type AppendReply = (
+    Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
+    usize,
+);
+
+/// Waits for the next reply of an append stream, failing once the oldest unanswered request has
+/// had its deadline ([`Sent::deadline`]). None: the follower closed the stream after answering
+/// everything.
 async fn next_append_reply(
     target: NodeId,
     replies: &mut tonic::Streaming<RaftReply>,
-    sent: &Mutex<VecDeque<Instant>>,
+    sent: &Mutex<Sent>,
     ttl: Duration,
-) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
+) -> Option<Result<AppendReply, RPCError<TypeConfig>>> {
     loop {
-        let oldest = sent.lock().ok().and_then(|q| q.front().copied());
+        let oldest = sent.lock().ok().and_then(|q| q.deadline(ttl));
         // With nothing outstanding there is nothing to time; look again after `ttl` in case a
         // request went out meanwhile. `message()` keeps its progress across a timeout.
-        let deadline = oldest.map_or(Instant::now() + ttl, |t| t + ttl);
+        let deadline = oldest.map_or(Instant::now() + ttl, |(d, _)| d);
         match tokio::time::timeout_at(deadline.into(), replies.message()).await {
             Err(_) if oldest.is_some() => {
+                let allowed = oldest.map(|(_, a)| a).unwrap_or(ttl);
                 return Some(Err(network(format!(
-                    "peer {target} did not answer an append within {ttl:?}"
+                    "peer {target} did not answer an append within {allowed:?}"
                 ))));
             }
             Err(_) => continue,
             Ok(Err(status)) => return Some(Err(status_to_rpc(target, status))),
             Ok(Ok(None)) => {
-                let unanswered = sent.lock().map(|q| q.len()).unwrap_or(0);
+                let unanswered = sent.lock().map(|q| q.requests.len()).unwrap_or(0);
                 return (unanswered > 0).then(|| {
                     Err(network(format!(
                         "peer {target} closed the append stream with {unanswered} appends unanswered"
@@ -345,10 +476,15 @@ async fn next_append_reply(
                 });
             }
             Ok(Ok(Some(reply))) => {
-                if let Ok(mut q) = sent.lock() {
-                    q.pop_front();
-                }
-                return Some(reply_payload(target, reply));
+                let bytes = sent
+                    .lock()
+                    .ok()
+                    .and_then(|mut q| {
+                        q.answered_at = Some(Instant::now());
+                        q.requests.pop_front()
+                    })
+                    .map_or(0, |(_, b)| b);
+                return Some(Ok((reply_payload(target, reply), bytes)));
             }
         }
     }

@@ -14,6 +14,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use raftmq_proto::v1::raft_peer_service_server::RaftPeerServiceServer;
 use tokio::sync::watch;
 
+use crate::catchup::{CatchUp, Tracker};
 use crate::config::RaftConfig;
 use crate::error::{Error, ProposeError};
 use crate::log_store::{LogReader, LogStore, RecoveryReport, meta::Meta};
@@ -70,6 +71,12 @@ pub struct PeerProgress {
     pub lag: u64,
     /// Milliseconds since the leader last heard from this peer.
     pub last_ack_ms: Option<u64>,
+    /// False once appends to it failed several times in a row (it is then retried with backoff).
+    pub reachable: bool,
+    /// Bytes a second of appends it has answered lately.
+    pub bytes_per_sec: u64,
+    /// Set while it is far behind the group's commit index and catching up.
+    pub catch_up: Option<CatchUp>,
 }
 
 /// A plain view of a member's Raft state; no openraft type leaks out.
@@ -92,6 +99,9 @@ pub struct Status {
     pub peers: Vec<PeerProgress>,
     /// On a follower: milliseconds since the last AppendEntries from a leader (None = never).
     pub millis_since_leader_contact: Option<u64>,
+    /// Set while this member is far behind the commit index its leader sent it: it receives the
+    /// log, does not campaign and is not ready.
+    pub catch_up: Option<CatchUp>,
 }
 
 impl Status {
@@ -111,7 +121,10 @@ pub struct Member<S: StateMachine> {
     store: LogStore,
     me: Identity,
     last_append_ms: Arc<AtomicU64>,
+    /// The commit index the leader last sent (index + 1; 0 = none yet).
+    leader_commit: Arc<AtomicU64>,
     started: Instant,
+    election_timeout_max: Duration,
     status_rx: watch::Receiver<Status>,
     leadership_rx: watch::Receiver<(Role, u64)>,
     /// True while this member leads but has heard from no majority for the CheckQuorum window.
@@ -149,6 +162,8 @@ impl<S: StateMachine> Member<S> {
         if recovery.truncated_bytes > 0 || recovery.dropped_segments > 0 {
             tracing::warn!(?recovery, "log recovery cut damaged or unsynced records");
         }
+        store.set_append_bytes_max(cfg.raft.append_bytes_max);
+        store.set_catch_up_bytes_per_sec_busy(cfg.raft.catch_up_bytes_per_sec_busy);
         let reader = store.reader();
         let (adapter, shared) = Adapter::new(
             sm,
@@ -167,6 +182,7 @@ impl<S: StateMachine> Member<S> {
             cfg.peer_routes.clone(),
             cfg.raft.pipeline_appends,
         );
+        let links = net.links();
         let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
             .await
             .map_err(|e| Error::Raft(e.to_string()))?;
@@ -202,21 +218,11 @@ impl<S: StateMachine> Member<S> {
         }
         if reader.repairing().is_some() {
             // It may have acknowledged entries it lost: no campaign until replication restores
-            // them (votes are refused in the peer server meanwhile).
+            // them (votes are refused in the peer server meanwhile). The status task lifts it.
             raft.runtime_config().elect(false);
-            let (raft2, reader2) = (raft.clone(), reader.clone());
-            let mut metrics = raft.metrics();
-            tokio::spawn(async move {
-                // Every append moves the metrics; stop watching if the member shuts down.
-                while reader2.repairing().is_some() {
-                    if metrics.changed().await.is_err() {
-                        return;
-                    }
-                }
-                raft2.runtime_config().elect(true);
-            });
         }
         let last_append_ms = Arc::new(AtomicU64::new(0));
+        let leader_commit = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
         let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
         let (leadership_tx, leadership_rx) = watch::channel((Role::Follower, 0));
@@ -229,13 +235,16 @@ impl<S: StateMachine> Member<S> {
                 cfg.raft.election_timeout_ms_max + 2 * cfg.raft.heartbeat_interval_ms,
             ),
         );
-        spawn_status_task(
-            raft.clone(),
-            status_tx,
+        spawn_status_task(StatusTask {
+            raft: raft.clone(),
+            tx: status_tx,
             leadership_tx,
-            last_append_ms.clone(),
+            last_append_ms: last_append_ms.clone(),
+            leader_commit: leader_commit.clone(),
             started,
-        );
+            store: store.clone(),
+            links,
+        });
         Ok(Member {
             raft,
             shared,
@@ -243,7 +252,9 @@ impl<S: StateMachine> Member<S> {
             store,
             me,
             last_append_ms,
+            leader_commit,
             started,
+            election_timeout_max: Duration::from_millis(cfg.raft.election_timeout_ms_max),
             status_rx,
             leadership_rx,
             cut_off_rx,
@@ -267,6 +278,7 @@ impl<S: StateMachine> Member<S> {
             raft: self.raft.clone(),
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
+            leader_commit: self.leader_commit.clone(),
             started: self.started,
             log: self.reader.clone(),
         })
@@ -331,6 +343,25 @@ impl<S: StateMachine> Member<S> {
     /// which changes with every commit): for waiting on a change of leadership.
     pub fn leadership(&self) -> watch::Receiver<(Role, u64)> {
         self.leadership_rx.clone()
+    }
+
+    /// Ready to serve as a member of its group: it leads, or it follows a leader it heard from
+    /// within an election timeout and holds what that leader committed (not catching up, not
+    /// repairing). The health service's readiness reports this.
+    pub fn ready(&self) -> bool {
+        let st = self.status_rx.borrow();
+        match st.role {
+            Role::Leader => true,
+            Role::Follower | Role::Learner => {
+                st.leader.is_some()
+                    && st.catch_up.is_none()
+                    && self.reader.repairing().is_none()
+                    && st
+                        .millis_since_leader_contact
+                        .is_some_and(|ms| ms <= self.election_timeout_max.as_millis() as u64)
+            }
+            Role::Candidate | Role::Shutdown => false,
+        }
     }
 
     pub fn recovery(&self) -> &RecoveryReport {
@@ -495,6 +526,7 @@ fn initial_status(node_id: u64) -> Status {
         addresses: BTreeMap::new(),
         peers: Vec::new(),
         millis_since_leader_contact: None,
+        catch_up: None,
     }
 }
 
@@ -549,19 +581,43 @@ fn spawn_check_quorum<S: StateMachine>(
     });
 }
 
-fn spawn_status_task<S: StateMachine>(
+/// What the status task needs.
+struct StatusTask<S: StateMachine> {
     raft: Raft<Adapter<S>>,
     tx: watch::Sender<Status>,
     leadership_tx: watch::Sender<(Role, u64)>,
     last_append_ms: Arc<AtomicU64>,
+    leader_commit: Arc<AtomicU64>,
     started: Instant,
-) {
+    store: LogStore,
+    links: Arc<std::sync::Mutex<crate::peers::Links>>,
+}
+
+/// Keeps the status watch up to date on every Raft metrics change (and every 100 ms), tracks the
+/// catch-up of this member and, on a leader, of each peer, and lets this member campaign only while
+/// it is neither repairing its log nor catching up.
+fn spawn_status_task<S: StateMachine>(task: StatusTask<S>) {
+    let StatusTask {
+        raft,
+        tx,
+        leadership_tx,
+        last_append_ms,
+        leader_commit,
+        started,
+        store,
+        links,
+    } = task;
     let mut rx = raft.metrics();
+    let reader = store.reader();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut own = Tracker::default();
+        let mut peer_trackers: BTreeMap<u64, Tracker> = BTreeMap::new();
+        let mut may_campaign = reader.repairing().is_none();
         loop {
             // Build the status from a clone: never hold the metrics borrow across an await.
             let m = rx.borrow_watched().clone();
+            let now = Instant::now();
             let membership = m.membership_config.membership();
             let voters: BTreeSet<u64> = membership.voter_ids().collect();
             let addresses: BTreeMap<u64, String> = membership
@@ -574,6 +630,7 @@ fn spawn_status_task<S: StateMachine>(
                 .copied()
                 .collect();
             let last_log_index = m.last_log_index.unwrap_or(0);
+            let committed = m.local_committed.map(|l| l.index).unwrap_or(0);
             let role = match m.state {
                 ServerState::Leader => Role::Leader,
                 ServerState::Follower => Role::Follower,
@@ -583,6 +640,7 @@ fn spawn_status_task<S: StateMachine>(
             };
             let mut peers = Vec::new();
             if let Some(rep) = &m.replication {
+                let links = links.lock().ok();
                 for (id, matched) in rep.iter() {
                     if *id == m.id {
                         continue;
@@ -593,6 +651,14 @@ fn spawn_status_task<S: StateMachine>(
                         .as_ref()
                         .and_then(|h| h.get(id).cloned().flatten())
                         .map(|t| t.elapsed().as_millis() as u64);
+                    let link = links.as_ref().and_then(|l| l.get(*id));
+                    let tracker = peer_trackers.entry(*id).or_default();
+                    let catch_up = tracker.observe(
+                        now,
+                        matched.unwrap_or(0),
+                        committed,
+                        link.map_or(0, |l| l.acked_bytes),
+                    );
                     peers.push(PeerProgress {
                         node_id: *id,
                         address: addresses.get(id).cloned().unwrap_or_default(),
@@ -600,8 +666,38 @@ fn spawn_status_task<S: StateMachine>(
                         matched,
                         lag: last_log_index.saturating_sub(matched.unwrap_or(0)),
                         last_ack_ms,
+                        reachable: link.is_none_or(|l| l.reachable()),
+                        bytes_per_sec: tracker.rate() as u64,
+                        catch_up,
                     });
                 }
+            } else {
+                peer_trackers.clear();
+            }
+            // A follower compares what it holds with the commit index its leader sent it.
+            let catch_up = match (role, leader_commit.load(Ordering::Relaxed)) {
+                (Role::Follower | Role::Learner, c) if c > 0 => {
+                    own.observe(now, last_log_index, c - 1, store.disk_bytes())
+                }
+                _ => {
+                    own = Tracker::default();
+                    None
+                }
+            };
+            let allowed = catch_up.is_none() && reader.repairing().is_none();
+            if allowed != may_campaign {
+                may_campaign = allowed;
+                tracing::info!(
+                    may_campaign,
+                    last_log_index,
+                    "{}",
+                    if allowed {
+                        "caught up: campaigning again when the leader goes silent"
+                    } else {
+                        "catching up with the leader: not campaigning until caught up"
+                    }
+                );
+                raft.runtime_config().elect(allowed);
             }
             let la = last_append_ms.load(Ordering::Relaxed);
             let contact =
@@ -612,7 +708,7 @@ fn spawn_status_task<S: StateMachine>(
                 term: m.current_term,
                 leader: m.current_leader,
                 last_log_index,
-                committed: m.local_committed.map(|l| l.index).unwrap_or(0),
+                committed,
                 applied: m.last_applied.map(|l| l.index).unwrap_or(0),
                 purged: m.purged.map(|l| l.index).unwrap_or(0),
                 snapshot: m.snapshot.map(|l| l.index).unwrap_or(0),
@@ -625,6 +721,7 @@ fn spawn_status_task<S: StateMachine>(
                 } else {
                     contact
                 },
+                catch_up,
             };
             let leadership = (st.role, st.term);
             leadership_tx.send_if_modified(|cur| std::mem::replace(cur, leadership) != leadership);

@@ -22,6 +22,8 @@ pub struct PeerServer<S: crate::StateMachine> {
     pub(crate) me: Identity,
     /// Milliseconds since `started` when the last AppendEntries arrived (0 = never).
     pub(crate) last_append_ms: Arc<AtomicU64>,
+    /// The commit index the leader last sent (index + 1; 0 = none yet).
+    pub(crate) leader_commit: Arc<AtomicU64>,
     pub(crate) started: Instant,
     /// Tells whether this member is repairing a log that lost entries it had stored.
     pub(crate) log: crate::log_store::LogReader,
@@ -82,6 +84,7 @@ fn check_header(me: &Identity, h: Option<&PeerHeader>) -> Result<(), String> {
 struct AdmitAppends {
     me: Identity,
     last_append_ms: Arc<AtomicU64>,
+    leader_commit: Arc<AtomicU64>,
     started: Instant,
     stopped: Arc<std::sync::Mutex<Option<String>>>,
 }
@@ -107,6 +110,7 @@ impl AdmitAppends {
         match r {
             Ok(rpc) => {
                 note_append(&self.last_append_ms, self.started);
+                note_commit(&self.leader_commit, &rpc);
                 Some(rpc)
             }
             Err(e) => {
@@ -116,6 +120,13 @@ impl AdmitAppends {
                 None
             }
         }
+    }
+}
+
+/// Records the commit index a leader sent (it only grows; a new leader's may start lower).
+fn note_commit(leader_commit: &AtomicU64, rpc: &AppendEntriesRequest<TypeConfig>) {
+    if let Some(c) = &rpc.leader_commit {
+        leader_commit.fetch_max(c.index + 1, Ordering::Relaxed);
     }
 }
 
@@ -163,6 +174,7 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
             Err(e) => return refused(e),
         };
         note_append(&self.last_append_ms, self.started);
+        note_commit(&self.leader_commit, &rpc);
         reply(self.raft.append_entries(rpc).await)
     }
 
@@ -180,6 +192,7 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
         let admitted = AdmitAppends {
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
+            leader_commit: self.leader_commit.clone(),
             started: self.started,
             stopped: stopped.clone(),
         };

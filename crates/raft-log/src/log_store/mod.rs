@@ -15,6 +15,7 @@
 //!   a member whose storage fails must not keep voting.
 
 pub mod meta;
+mod pacer;
 pub mod record;
 mod segment;
 
@@ -116,6 +117,8 @@ pub struct LogStore {
     meta: Meta,
     flusher: Flusher,
     repair: Arc<AtomicU64>,
+    append_bytes_max: Arc<AtomicU64>,
+    pacer: Arc<pacer::Pacer>,
 }
 
 /// A reader of the log, cloned into openraft's replication tasks and the broker's pull path.
@@ -124,7 +127,14 @@ pub struct LogReader {
     inner: Arc<RwLock<Inner>>,
     meta: Meta,
     repair: Arc<AtomicU64>,
+    /// Payload bytes one replication read (one append to a follower) carries at most.
+    append_bytes_max: Arc<AtomicU64>,
+    /// Paces replication reads from disk while clients write.
+    pacer: Arc<pacer::Pacer>,
 }
+
+/// Payload bytes of one append to a follower unless the configuration says otherwise.
+pub const APPEND_BYTES_MAX_DEFAULT: u64 = 4 << 20;
 
 /// What recovery found when the log was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -241,6 +251,8 @@ impl LogStore {
                 meta,
                 flusher,
                 repair: Arc::new(AtomicU64::new(report.repair_floor)),
+                append_bytes_max: Arc::new(AtomicU64::new(APPEND_BYTES_MAX_DEFAULT)),
+                pacer: Arc::new(pacer::Pacer::new(std::time::Instant::now())),
             },
             report,
         ))
@@ -251,7 +263,21 @@ impl LogStore {
             inner: self.inner.clone(),
             meta: self.meta.clone(),
             repair: self.repair.clone(),
+            append_bytes_max: self.append_bytes_max.clone(),
+            pacer: self.pacer.clone(),
         }
+    }
+
+    /// Bytes a second that replication reads from disk (a follower catching up) may take while
+    /// clients write to this leader; 0: unpaced. See [`pacer`].
+    pub fn set_catch_up_bytes_per_sec_busy(&self, bytes_per_sec: u64) {
+        self.pacer.set_busy_rate(bytes_per_sec);
+    }
+
+    /// Caps the payload bytes of one replication read, so an append to a lagging follower is cut
+    /// by bytes rather than entries (at least one entry is always sent).
+    pub fn set_append_bytes_max(&self, bytes: u64) {
+        self.append_bytes_max.store(bytes.max(1), Ordering::Relaxed);
     }
 
     /// Bytes of every segment file, for disk-use metrics and retention.
@@ -398,13 +424,25 @@ impl Inner {
     /// become file reads that [`ReadPlan::run`] does after the caller released the lock (a read
     /// from disk must not hold up appends).
     fn plan_range(&self, start: u64, end: u64) -> ReadPlan {
+        self.plan_range_within(start, end, u64::MAX)
+    }
+
+    /// As [`Self::plan_range`], stopping once the planned records hold `budget` bytes (at least one
+    /// entry is planned whatever its size).
+    fn plan_range_within(&self, start: u64, end: u64, budget: u64) -> ReadPlan {
         let mut plan = ReadPlan::default();
+        let mut left = budget;
         let mut i = match self.purged {
             Some(p) => start.max(p + 1),
             None => start,
         };
         while i < end {
             if let Some(e) = self.tail.get(i) {
+                let size = payload_len_hint(&e.payload) as u64;
+                if size > left && !plan.pieces.is_empty() {
+                    break;
+                }
+                left = left.saturating_sub(size);
                 plan.push_cached(e.log_id, e.payload.clone());
                 i += 1;
                 continue;
@@ -429,6 +467,11 @@ impl Inner {
             if !self.tail.entries.is_empty() && i < self.tail.first {
                 stop = stop.min(self.tail.first);
             }
+            let (stop, bytes) = seg.end_within(i, stop, left, plan.pieces.is_empty());
+            if stop == i {
+                break;
+            }
+            left = left.saturating_sub(bytes);
             plan.pieces.extend(seg.plan_read(i, stop).map(Piece::File));
             i = stop;
         }
@@ -440,6 +483,22 @@ impl Inner {
 #[derive(Default)]
 struct ReadPlan {
     pieces: Vec<Piece>,
+}
+
+impl ReadPlan {
+    fn reads_files(&self) -> bool {
+        self.pieces.iter().any(|p| matches!(p, Piece::File(_)))
+    }
+
+    fn file_bytes(&self) -> u64 {
+        self.pieces
+            .iter()
+            .map(|p| match p {
+                Piece::File(r) => r.bytes(),
+                Piece::Cached(_) => 0,
+            })
+            .sum()
+    }
 }
 
 enum Piece {
@@ -562,6 +621,39 @@ impl RaftLogReader<TypeConfig> for LogReader {
             .collect())
     }
 
+    /// A replication read: at most `append_bytes_max` bytes of entries (at least one), so an
+    /// append to a far-behind follower carries a bounded amount of work whatever the entries'
+    /// sizes. The file reads run on a blocking thread: reading old entries for a lagging follower
+    /// never holds up the async workers that carry heartbeats and client requests.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let budget = self.append_bytes_max.load(Ordering::Relaxed);
+        let plan = {
+            let g = self.inner.read().map_err(|_| poisoned())?;
+            g.plan_range_within(start, end, budget)
+        };
+        let rows = if plan.reads_files() {
+            let delay = self
+                .pacer
+                .delay_for(plan.file_bytes(), std::time::Instant::now());
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            tokio::task::spawn_blocking(move || plan.run())
+                .await
+                .map_err(|e| io::Error::other(format!("log read task failed: {e}")))??
+        } else {
+            plan.run()?
+        };
+        Ok(rows
+            .into_iter()
+            .map(|(log_id, payload)| Entry { log_id, payload })
+            .collect())
+    }
+
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
         self.meta.vote()
     }
@@ -615,6 +707,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        self.pacer.note_appended(
+            entries
+                .iter()
+                .map(|e| payload_len_hint(&e.payload) as u64)
+                .sum(),
+        );
         match self.write_entries(entries) {
             Ok(files) => {
                 self.flusher.submit(FlushJob {

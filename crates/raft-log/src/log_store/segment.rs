@@ -145,6 +145,33 @@ impl Segment {
         Ok(Header::parse(&hb))
     }
 
+    /// The end of the longest run of records from `start` (below `end`) that holds at most
+    /// `budget` bytes, and its bytes; with `at_least_one`, the first record counts whatever its size.
+    pub fn end_within(&self, start: u64, end: u64, budget: u64, at_least_one: bool) -> (u64, u64) {
+        if start >= end {
+            return (start, 0);
+        }
+        let from = self.positions[(start - self.first_index) as usize];
+        let bytes_to = |stop: u64| self.end_of(stop - 1) - from;
+        if bytes_to(end) <= budget {
+            return (end, bytes_to(end));
+        }
+        // The largest stop in (start, end] whose run fits: positions grow with the index.
+        let (mut lo, mut hi) = (start, end);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if bytes_to(mid) <= budget {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo == start && at_least_one {
+            lo = start + 1;
+        }
+        (lo, if lo == start { 0 } else { bytes_to(lo) })
+    }
+
     /// What reading the records `[start, end)` takes: planned under the log's lock, done after it
     /// is released (see [`SegmentRead`]). None for an empty range.
     pub fn plan_read(&self, start: u64, end: u64) -> Option<SegmentRead> {
@@ -258,6 +285,10 @@ pub struct SegmentRead {
 }
 
 impl SegmentRead {
+    pub fn bytes(&self) -> u64 {
+        self.to - self.from
+    }
+
     /// Reads the records (all inside this segment) with one read, checking each index and CRC.
     pub fn read(&self, out: &mut Vec<(LogId, EntryPayload)>) -> io::Result<()> {
         let mut buf = vec![0u8; (self.to - self.from) as usize];

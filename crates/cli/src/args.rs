@@ -259,6 +259,48 @@ pub enum BenchCmd {
         #[arg(long)]
         stop: bool,
     },
+    /// SIGKILL a follower of a local cluster (and wipe its data with --mode wipe), produce --mb
+    /// megabytes without it, restart it; report its catch-up rate and the producers' rate meanwhile.
+    Catchup {
+        /// wipe: delete its data directory before restarting it; stop: restart it on its data.
+        #[arg(long, value_enum, default_value_t = CatchupMode::Wipe)]
+        mode: CatchupMode,
+        /// Megabytes (MiB) of messages produced while it is down.
+        #[arg(long, default_value_t = 1024)]
+        mb: u64,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Keep senders producing throughout and compare their rate during the catch-up with
+        /// their rate before the kill.
+        #[arg(long)]
+        load: bool,
+        /// Senders of the load, each with one message in flight.
+        #[arg(long, default_value_t = 64)]
+        load_senders: usize,
+        /// Seconds the load's rate is measured before the kill.
+        #[arg(long, default_value_t = 8)]
+        baseline_secs: u64,
+        /// Give up when it has not caught up after this many seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+    },
+}
+
+/// How `bench catchup` takes the follower down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CatchupMode {
+    Wipe,
+    Stop,
+}
+
+impl CatchupMode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CatchupMode::Wipe => "wipe",
+            CatchupMode::Stop => "stop",
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -405,6 +447,15 @@ mod tests {
         assert!(matches!(
             parse(&["bench", "failover", "--kills", "20", "--json"]).command,
             Command::Bench(BenchCmd::Failover { kills: 20, .. })
+        ));
+        assert!(matches!(
+            parse(&["bench", "catchup", "--mode", "stop", "--mb", "64", "--load"]).command,
+            Command::Bench(BenchCmd::Catchup {
+                mode: CatchupMode::Stop,
+                mb: 64,
+                load: true,
+                ..
+            })
         ));
         assert!(matches!(parse(&["demo"]).command, Command::Demo(_)));
         assert!(matches!(

@@ -41,6 +41,43 @@ pub struct NodeJson {
     /// up to (it neither votes nor campaigns until it is back there). Absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repairing_to: Option<u64>,
+    /// Set while the node is far behind the commit index its leader sent it and receives the log:
+    /// progress and rate. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub catching_up: Option<CatchUpJson>,
+    /// Ready: it leads, or follows a live leader and has caught up. `null` when down.
+    pub ready: Option<bool>,
+}
+
+/// A node's catch-up in `cluster status --json`.
+#[derive(Debug, Serialize)]
+pub struct CatchUpJson {
+    pub from_index: u64,
+    pub at_index: u64,
+    pub target_index: u64,
+    pub progress_pct: f64,
+    pub bytes_per_sec: u64,
+}
+
+impl From<&raftmq_client::CatchUpStatus> for CatchUpJson {
+    fn from(c: &raftmq_client::CatchUpStatus) -> Self {
+        CatchUpJson {
+            from_index: c.from_index,
+            at_index: c.at_index,
+            target_index: c.target_index,
+            progress_pct: (c.progress_pct * 10.0).round() / 10.0,
+            bytes_per_sec: c.bytes_per_sec,
+        }
+    }
+}
+
+/// `catching up 41 %, 95 MB/s`.
+pub fn catch_up_words(c: &raftmq_client::CatchUpStatus) -> String {
+    format!(
+        "catching up {:.0} %, {:.0} MB/s",
+        c.progress_pct.floor(),
+        c.bytes_per_sec as f64 / 1e6
+    )
 }
 
 impl From<&ClusterStatus> for StatusJson {
@@ -71,6 +108,12 @@ impl From<&ClusterStatus> for StatusJson {
                                     applied: n.status.as_ref().map(|s| s.applied),
                                     lag: n.lag,
                                     repairing_to: n.status.as_ref().and_then(|s| s.repairing_to),
+                                    catching_up: n
+                                        .status
+                                        .as_ref()
+                                        .and_then(|s| s.catch_up.as_ref())
+                                        .map(CatchUpJson::from),
+                                    ready: n.status.as_ref().map(|s| s.ready),
                                 })
                                 .collect(),
                         })
@@ -249,6 +292,8 @@ pub fn status_table(s: &ClusterStatus) -> String {
                 }
                 if let Some(to) = st.and_then(|s| s.repairing_to) {
                     role = format!("{role} (repairing to {to})");
+                } else if let Some(c) = st.and_then(|s| s.catch_up.as_ref()) {
+                    role = format!("{role} ({})", catch_up_words(c));
                 }
                 rows.push(vec![
                     c.name.clone(),
@@ -357,6 +402,7 @@ mod tests {
                 "lag",
                 "last_log_index",
                 "node_id",
+                "ready",
                 "role",
                 "term"
             ]
@@ -396,6 +442,37 @@ mod tests {
         let nodes = &v["clusters"][0]["brokers"][0]["nodes"];
         assert_eq!(nodes[0]["repairing_to"], 1234);
         assert!(nodes[1].get("repairing_to").is_none());
+    }
+
+    #[test]
+    fn a_node_catching_up_shows_progress_and_rate_in_the_table_and_the_json() {
+        let mut s = sample_status();
+        let node = &mut s.clusters[0].brokers[0].nodes[0];
+        if let Some(st) = node.status.as_mut() {
+            st.role = "follower".into();
+            st.catch_up = Some(raftmq_client::CatchUpStatus {
+                from_index: 0,
+                at_index: 4100,
+                target_index: 10_000,
+                progress_pct: 41.0,
+                bytes_per_sec: 95_000_000,
+            });
+        }
+        let t = status_table(&s);
+        assert!(
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .contains("follower (catching up 41 %, 95 MB/s)"),
+            "{t}"
+        );
+        let v: Value = serde_json::from_str(&json_line(&StatusJson::from(&s))).unwrap();
+        let nodes = &v["clusters"][0]["brokers"][0]["nodes"];
+        assert_eq!(nodes[0]["catching_up"]["progress_pct"], 41.0);
+        assert_eq!(nodes[0]["catching_up"]["bytes_per_sec"], 95_000_000);
+        assert_eq!(nodes[0]["catching_up"]["target_index"], 10_000);
+        assert!(nodes[1].get("catching_up").is_none());
+        assert_eq!(nodes[1]["ready"], Value::Null);
     }
 
     #[test]

@@ -115,26 +115,46 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             no_verify,
             stop,
         } => failover(json, kills, senders, !no_verify, stop).await,
+        BenchCmd::Catchup {
+            mode,
+            mb,
+            size,
+            load,
+            load_senders,
+            baseline_secs,
+            timeout_secs,
+        } => {
+            let args = crate::commands::catchup::CatchupArgs {
+                mode,
+                mb,
+                size,
+                load,
+                load_senders,
+                baseline_secs,
+                timeout_secs,
+            };
+            crate::commands::catchup::run(json, args).await
+        }
     }
 }
 
 /// Measures the CPU steal from its start.
-struct StealMeter(Option<CpuTimes>);
+pub(crate) struct StealMeter(Option<CpuTimes>);
 
 impl StealMeter {
-    fn start() -> StealMeter {
+    pub(crate) fn start() -> StealMeter {
         StealMeter(CpuTimes::read())
     }
 
     /// Percent of the machine's CPU time stolen since the start (None without /proc/stat).
-    fn pct(&self) -> Option<f64> {
+    pub(crate) fn pct(&self) -> Option<f64> {
         let start = self.0.as_ref()?;
         CpuTimes::read()?.steal_pct_since(start)
     }
 }
 
 /// The CPU steal of a run, in words: on a shared VM, runs with much steal are not comparable.
-fn steal_line(pct: f64) -> String {
+pub(crate) fn steal_line(pct: f64) -> String {
     let note = if pct >= 2.0 {
         " (the hypervisor ran other work: compare runs with little steal)"
     } else {
@@ -167,11 +187,11 @@ async fn setup(nameserver: &str, target: &BenchTarget) -> Result<(Option<LocalCl
     Ok((cluster, ns))
 }
 
-struct ProduceRun {
-    acked: u64,
-    failed: u64,
-    first_error: Option<String>,
-    elapsed: Duration,
+pub(crate) struct ProduceRun {
+    pub(crate) acked: u64,
+    pub(crate) failed: u64,
+    pub(crate) first_error: Option<String>,
+    pub(crate) elapsed: Duration,
     latency: LatencySummary,
     /// Percent of the machine's CPU time the hypervisor took during the run (Linux VMs).
     cpu_steal_pct: Option<f64>,
@@ -179,19 +199,19 @@ struct ProduceRun {
 
 /// How the produce bench drives its producer.
 #[derive(Debug, Clone, Copy, Default)]
-struct ProduceShape {
+pub(crate) struct ProduceShape {
     /// Messages awaiting acknowledgement at once.
-    inflight: usize,
-    linger_ms: u64,
-    inflight_batches: Option<usize>,
-    broker_inflight_batches: Option<usize>,
-    lanes: Option<usize>,
-    batch_messages: Option<usize>,
+    pub(crate) inflight: usize,
+    pub(crate) linger_ms: u64,
+    pub(crate) inflight_batches: Option<usize>,
+    pub(crate) broker_inflight_batches: Option<usize>,
+    pub(crate) lanes: Option<usize>,
+    pub(crate) batch_messages: Option<usize>,
     /// Keys to cycle through (0: messages without a key).
-    keys: u64,
+    pub(crate) keys: u64,
 }
 
-async fn produce(
+pub(crate) async fn produce(
     ns: &str,
     topic: &str,
     count: u64,

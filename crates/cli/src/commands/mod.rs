@@ -2,6 +2,7 @@
 
 pub mod admin_ops;
 pub mod bench;
+pub mod catchup;
 pub mod cluster;
 pub mod consume;
 pub mod demo;

@@ -26,9 +26,26 @@
 //! Failure: [`Report::is_ok`] is false and [`Report::excerpts`] holds the part of the history that
 //! shows each problem (the producer's sends around it and the faults near it). Convergence that
 //! does not happen within its bound is returned as `Err` naming what was awaited.
+//!
+//! Every fault also records the group's term before it and after the group converged again
+//! ([`FaultEvent::term_before`], [`FaultEvent::term_after`]): a fault that leaves the leader alone
+//! ([`FaultKind::leaves_leader`]) should not raise it.
+//!
+//! Large-log mode ([`ScenarioCfg::large_log`], `soak --large-log-mb N`): before the load starts,
+//! [`fill_log`] sends N MiB through the leader in Raft entries of [`FILL_SEND_BYTES`] (128 KiB)
+//! and waits until all three nodes have applied them, so faults meet a group holding gigabytes.
+//! After a follower fault heals, the round waits until that follower's last log index reaches the
+//! leader's commit index at heal time ([`FaultEvent::catch_up`], bounded by
+//! [`LargeLogCfg::catch_up_timeout`]; a timeout fails the round). The fill goes to its own topic,
+//! [`FILL_TOPIC`], read back from every node and checked by [`check`] like the workload's
+//! messages, but compacted while it is read (see [`read_fill`]): each body that is exactly the
+//! payload its header names is kept as that header alone, so the check costs memory per message,
+//! not per byte: a 1 GiB fill read back from three nodes took 12-15 s and its check 1-2 s on a
+//! 2-core VM.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,13 +81,17 @@ pub struct MsgId {
     pub idx: u32,
 }
 
-/// `hist|<producer>|<seq>|<idx>|` padded with a byte derived from the id to `len` bytes.
+/// `hist|<producer>|<seq>|<idx>|` padded with a byte derived from the id to `len` bytes (the
+/// header alone when it is not shorter than `len`).
 pub fn encode(id: MsgId, len: usize) -> Vec<u8> {
-    let mut b = format!("hist|{}|{}|{}|", id.producer, id.seq, id.idx).into_bytes();
-    let pad = b'a' + ((id.producer + id.seq + id.idx as u64) % 26) as u8;
-    while b.len() < len {
-        b.push(pad);
+    let head = format!("hist|{}|{}|{}|", id.producer, id.seq, id.idx).into_bytes();
+    if head.len() >= len {
+        return head;
     }
+    let pad = b'a' + ((id.producer + id.seq + id.idx as u64) % 26) as u8;
+    // A memset and a copy: this crate is built unoptimised, and the fill encodes gigabytes.
+    let mut b = vec![pad; len];
+    b[..head.len()].copy_from_slice(&head);
     b
 }
 
@@ -142,10 +163,39 @@ pub enum FaultKind {
     PartitionPartial,
     /// One-way: nothing the leader sends arrives; what the followers send to it does.
     PartitionOneWay,
+    /// One follower cut off from both other nodes for [`PARTITION_LONG`] while the load goes on:
+    /// it falls far behind and must catch up after the heal.
+    PartitionFollowerLong,
 }
 
+/// How long [`FaultKind::PartitionFollowerLong`] keeps its follower cut off.
+pub const PARTITION_LONG: Duration = Duration::from_secs(60);
+
 impl FaultKind {
-    pub const ALL: [FaultKind; 15] = [
+    /// Every kind; new kinds are appended, so the index of an existing kind never changes.
+    pub const ALL: [FaultKind; 16] = [
+        FaultKind::KillLeader,
+        FaultKind::KillFollower,
+        FaultKind::KillTwo,
+        FaultKind::KillAll,
+        FaultKind::PauseLeader,
+        FaultKind::WipeFollower,
+        FaultKind::PowerLossOne,
+        FaultKind::PowerLossAll,
+        FaultKind::BitFlip,
+        FaultKind::TruncateSegment,
+        FaultKind::PauseLeaderKillFollower,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionFollower,
+        FaultKind::PartitionPartial,
+        FaultKind::PartitionOneWay,
+        FaultKind::PartitionFollowerLong,
+    ];
+
+    /// The kinds the soak draws from by default (every kind but the 60 s partition), in the order
+    /// of [`FaultKind::ALL`]: a seed draws the same faults from it as it did before that kind
+    /// existed.
+    pub const CLASSIC: [FaultKind; 15] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::KillTwo,
@@ -162,6 +212,26 @@ impl FaultKind {
         FaultKind::PartitionPartial,
         FaultKind::PartitionOneWay,
     ];
+
+    /// The kinds the soak draws from by default in large-log mode: a follower that must catch up
+    /// on a large log.
+    pub const LARGE_LOG: [FaultKind; 3] = [
+        FaultKind::KillFollower,
+        FaultKind::WipeFollower,
+        FaultKind::PartitionFollowerLong,
+    ];
+
+    /// The fault hits one follower only: the leader keeps leading, and the group's term should
+    /// not rise.
+    pub fn leaves_leader(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillFollower
+                | FaultKind::WipeFollower
+                | FaultKind::PartitionFollower
+                | FaultKind::PartitionFollowerLong
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -180,6 +250,7 @@ impl FaultKind {
             FaultKind::PartitionFollower => "partition-follower",
             FaultKind::PartitionPartial => "partition-partial",
             FaultKind::PartitionOneWay => "partition-one-way",
+            FaultKind::PartitionFollowerLong => "partition-follower-long",
         }
     }
 }
@@ -192,6 +263,31 @@ pub struct FaultEvent {
     pub healed: Duration,
     pub converged: Duration,
     pub note: String,
+    /// The term of the leader found before the fault.
+    pub term_before: Option<u64>,
+    /// The highest term any node reported once the group had converged after the fault.
+    pub term_after: Option<u64>,
+    /// Large-log mode, follower faults: how the follower caught up after the heal.
+    pub catch_up: Option<CatchUpEvent>,
+}
+
+impl FaultEvent {
+    /// The group's term rose across the fault (None: not known).
+    pub fn term_rose(&self) -> Option<bool> {
+        Some(self.term_after? > self.term_before?)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CatchUpEvent {
+    pub node: u64,
+    /// The leader's commit index when the fault healed.
+    pub target: u64,
+    /// The follower's last log index when the wait ended.
+    pub reached: u64,
+    /// From the heal until the follower's last log index reached `target` (or the wait gave up).
+    pub took: Duration,
+    pub caught_up: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -264,6 +360,7 @@ fn never_sent(s: &tonic::Status) -> bool {
 /// (producer id, sequence) until its deadline.
 pub struct HistProducer {
     pub id: u64,
+    topic: String,
     seq: u64,
     target: String,
     addrs: Vec<String>,
@@ -273,8 +370,14 @@ pub struct HistProducer {
 
 impl HistProducer {
     pub fn new(id: u64, addrs: Vec<String>) -> HistProducer {
+        HistProducer::with_topic(id, addrs, TOPIC)
+    }
+
+    /// A producer of `topic` (which must have [`QUEUES`] queues).
+    pub fn with_topic(id: u64, addrs: Vec<String>, topic: &str) -> HistProducer {
         HistProducer {
             id,
+            topic: topic.to_string(),
             seq: 0,
             target: addrs[0].clone(),
             addrs,
@@ -295,7 +398,7 @@ impl HistProducer {
         self.seq += 1;
         let seq = self.seq;
         let req = SendRequest {
-            topic: TOPIC.into(),
+            topic: self.topic.clone(),
             queue,
             messages: (0..count)
                 .map(|idx| Message {
@@ -532,12 +635,18 @@ async fn committer_loop(
 
 /// The leader every running node agrees on, or Err after `timeout`.
 pub async fn find_leader(c: &Cluster, timeout: Duration) -> Result<u64, String> {
+    find_leader_term(c, timeout).await.map(|(l, _)| l)
+}
+
+/// As [`find_leader`], with the leader's term.
+pub async fn find_leader_term(c: &Cluster, timeout: Duration) -> Result<(u64, u64), String> {
     let t = Instant::now();
     let mut last = String::new();
     while t.elapsed() < timeout {
         let mut leaders = Vec::new();
         let mut seen = Vec::new();
         let mut all = true;
+        let mut term = 0;
         for id in c.nodes.keys() {
             if !c.is_up(*id) {
                 continue;
@@ -546,6 +655,7 @@ pub async fn find_leader(c: &Cluster, timeout: Duration) -> Result<u64, String> 
                 Some(st) => {
                     if st.role == "leader" {
                         leaders.push(*id);
+                        term = st.term;
                     }
                     seen.push(st.leader.map(|l| l.node_id));
                 }
@@ -553,7 +663,7 @@ pub async fn find_leader(c: &Cluster, timeout: Duration) -> Result<u64, String> 
             }
         }
         if all && leaders.len() == 1 && seen.iter().all(|l| *l == Some(leaders[0])) {
-            return Ok(leaders[0]);
+            return Ok((leaders[0], term));
         }
         last = format!("leaders {leaders:?}, seen {seen:?}, all answered {all}");
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -563,6 +673,11 @@ pub async fn find_leader(c: &Cluster, timeout: Duration) -> Result<u64, String> 
 
 /// Waits for an agreed leader and for every node to have applied the leader's commit index.
 pub async fn wait_converged(c: &Cluster, timeout: Duration) -> Result<u64, String> {
+    wait_converged_term(c, timeout).await.map(|(l, _)| l)
+}
+
+/// As [`wait_converged`], with the highest term the nodes reported once they had converged.
+pub async fn wait_converged_term(c: &Cluster, timeout: Duration) -> Result<(u64, u64), String> {
     let t = Instant::now();
     let leader = find_leader(c, timeout).await?;
     let target = c
@@ -573,15 +688,16 @@ pub async fn wait_converged(c: &Cluster, timeout: Duration) -> Result<u64, Strin
     let mut last = String::new();
     while t.elapsed() < timeout {
         let mut behind = Vec::new();
+        let mut term = 0;
         for id in c.nodes.keys() {
             match c.status(*id).await {
-                Some(st) if st.applied >= target => {}
+                Some(st) if st.applied >= target => term = term.max(st.term),
                 Some(st) => behind.push(format!("node {id} applied {}", st.applied)),
                 None => behind.push(format!("node {id} silent")),
             }
         }
         if behind.is_empty() {
-            return Ok(leader);
+            return Ok((leader, term));
         }
         last = behind.join(", ");
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -681,6 +797,26 @@ fn hold(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(lo_ms..=hi_ms))
 }
 
+/// Bounds of [`inject_opts`].
+#[derive(Clone, Debug)]
+pub struct InjectOpts {
+    /// Bound of the wait for a leader before the fault and for convergence after it.
+    pub converge_timeout: Duration,
+    /// After a fault that leaves the leader alone ([`FaultKind::leaves_leader`]): wait at most this
+    /// long from the heal for the follower's last log index to reach the leader's commit index at
+    /// heal time, and fail when it does not. None: no such wait (the convergence wait remains).
+    pub catch_up_timeout: Option<Duration>,
+}
+
+impl Default for InjectOpts {
+    fn default() -> Self {
+        InjectOpts {
+            converge_timeout: CONVERGE_TIMEOUT,
+            catch_up_timeout: None,
+        }
+    }
+}
+
 /// Injects one fault under load, heals it, and waits for the group to converge.
 pub async fn inject(
     c: &mut Cluster,
@@ -688,7 +824,18 @@ pub async fn inject(
     kind: FaultKind,
     rng: &mut StdRng,
 ) -> Result<(), String> {
-    let leader = find_leader(c, CONVERGE_TIMEOUT).await?;
+    inject_opts(c, hist, kind, rng, &InjectOpts::default()).await
+}
+
+/// As [`inject`], with the bounds and the catch-up wait of `opts`.
+pub async fn inject_opts(
+    c: &mut Cluster,
+    hist: &History,
+    kind: FaultKind,
+    rng: &mut StdRng,
+    opts: &InjectOpts,
+) -> Result<(), String> {
+    let (leader, term_before) = find_leader_term(c, opts.converge_timeout).await?;
     let ids: Vec<u64> = c.nodes.keys().copied().collect();
     let followers: Vec<u64> = ids.iter().copied().filter(|i| *i != leader).collect();
     let follower = followers[rng.random_range(0..followers.len())];
@@ -773,7 +920,8 @@ pub async fn inject(
         FaultKind::PartitionLeader
         | FaultKind::PartitionFollower
         | FaultKind::PartitionPartial
-        | FaultKind::PartitionOneWay => {
+        | FaultKind::PartitionOneWay
+        | FaultKind::PartitionFollowerLong => {
             let proxy = c
                 .proxy
                 .as_ref()
@@ -783,7 +931,7 @@ pub async fn inject(
                     proxy.isolate(leader);
                     vec![leader]
                 }
-                FaultKind::PartitionFollower => {
+                FaultKind::PartitionFollower | FaultKind::PartitionFollowerLong => {
                     proxy.isolate(follower);
                     vec![follower]
                 }
@@ -799,7 +947,12 @@ pub async fn inject(
                 }
             };
             note = format!("cut links {:?}", proxy.cut_links());
-            tokio::time::sleep(hold(rng, 300, 2500)).await;
+            let d = if kind == FaultKind::PartitionFollowerLong {
+                PARTITION_LONG
+            } else {
+                hold(rng, 300, 2500)
+            };
+            tokio::time::sleep(d).await;
             proxy.heal();
             nodes
         }
@@ -816,7 +969,9 @@ pub async fn inject(
         }
     };
     let healed = hist.now();
+    let healed_at = Instant::now();
     tracing::info!(kind = kind.name(), ?nodes, note, "fault healed");
+    let caught_node = nodes.first().copied();
     lock(&hist.faults).push(FaultEvent {
         kind,
         nodes,
@@ -824,13 +979,124 @@ pub async fn inject(
         healed,
         converged: healed,
         note: note.trim().to_string(),
+        term_before: Some(term_before),
+        term_after: None,
+        catch_up: None,
     });
-    let r = wait_converged(c, CONVERGE_TIMEOUT).await;
+    let mut r = Ok(());
+    if let (Some(limit), Some(node)) = (opts.catch_up_timeout, caught_node)
+        && kind.leaves_leader()
+    {
+        let (cu, failure) = wait_caught_up(c, node, leader, healed_at, limit).await;
+        if let Some(fe) = lock(&hist.faults).last_mut() {
+            fe.catch_up = Some(cu);
+        }
+        if let Some(e) = failure {
+            r = Err(e);
+        }
+    }
+    let r = match r {
+        Ok(()) => wait_converged_term(c, opts.converge_timeout).await,
+        Err(e) => Err(e),
+    };
     if let Some(fe) = lock(&hist.faults).last_mut() {
         fe.converged = hist.now();
+        fe.term_after = r.as_ref().ok().map(|(_, term)| *term);
     }
     r.map(|_| ())
         .map_err(|e| format!("after {}: {e}", kind.name()))
+}
+
+/// Waits until `node`'s last log index reaches the commit index the leader had when the fault
+/// healed (`healed_at`), at most `limit` from the heal. Prints progress every 5 s. The second value
+/// is the failure, when it did not catch up in time.
+async fn wait_caught_up(
+    c: &Cluster,
+    node: u64,
+    leader_hint: u64,
+    healed_at: Instant,
+    limit: Duration,
+) -> (CatchUpEvent, Option<String>) {
+    let deadline = healed_at + limit;
+    let mut ev = CatchUpEvent {
+        node,
+        target: 0,
+        reached: 0,
+        took: Duration::ZERO,
+        caught_up: false,
+    };
+    // The commit index of the node that leads now (the fault left the leader alone: the hint).
+    let mut order = vec![leader_hint];
+    order.extend(
+        c.nodes
+            .keys()
+            .copied()
+            .filter(|i| *i != leader_hint && *i != node),
+    );
+    let mut target = None;
+    // Bounded by the deadline (and a count).
+    for _ in 0..100_000u32 {
+        for id in &order {
+            if let Some(st) = c.status(*id).await
+                && st.role == "leader"
+            {
+                target = Some(st.committed);
+                break;
+            }
+        }
+        if target.is_some() || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let Some(target) = target else {
+        ev.took = healed_at.elapsed();
+        let e = format!(
+            "CATCH-UP NOT MEASURED: no leader answered within {:.0} s of the heal",
+            limit.as_secs_f64()
+        );
+        return (ev, Some(e));
+    };
+    ev.target = target;
+    let mut last_print = Instant::now();
+    let mut at_print = (Instant::now(), 0u64);
+    // Bounded by the deadline (and a count).
+    for _ in 0..10_000_000u32 {
+        if let Some(st) = c.status(node).await {
+            ev.reached = st.last_log_index;
+            if st.last_log_index >= target {
+                ev.took = healed_at.elapsed();
+                ev.caught_up = true;
+                return (ev, None);
+            }
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            let rate = ev.reached.saturating_sub(at_print.1) as f64
+                / at_print.0.elapsed().as_secs_f64().max(1e-3);
+            eprintln!(
+                "  catch-up of node {node}: last log index {} of {target}, {rate:.0} entries/s, \
+                 {:.0} s since the heal (limit {:.0} s)",
+                ev.reached,
+                healed_at.elapsed().as_secs_f64(),
+                limit.as_secs_f64()
+            );
+            last_print = Instant::now();
+            at_print = (Instant::now(), ev.reached);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ev.took = healed_at.elapsed();
+    let e = format!(
+        "CATCH-UP TIMEOUT: follower {node} reached last log index {} of {target} (the leader's \
+         commit index at the heal) in {:.1} s; the limit is {:.0} s",
+        ev.reached,
+        ev.took.as_secs_f64(),
+        limit.as_secs_f64()
+    );
+    (ev, Some(e))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -847,19 +1113,54 @@ pub struct NodeRead {
 
 /// Reads every queue of [`TOPIC`] and every offset of [`GROUP`] from the node at `addr`.
 pub async fn read_node(addr: &str) -> NodeRead {
+    read_topic(addr, TOPIC, Some(GROUP), 500, false).await.0
+}
+
+/// What one node holds in one queue of [`FILL_TOPIC`], to compare across nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueSum {
+    pub messages: u64,
+    /// One past the last offset read.
+    pub next_offset: u64,
+    /// A hash of every (offset, body) in order (the compacted body: see [`read_fill`]).
+    pub checksum: u64,
+}
+
+/// Reads every queue of [`FILL_TOPIC`] from the node at `addr`, with a [`QueueSum`] per queue.
+///
+/// Compacted: a body that is exactly the fill payload its header names ([`FILL_BODY_LEN`] bytes)
+/// is kept as that header alone (`encode(id, 0)`), which determines the body byte for byte; any
+/// other body is kept as a marker naming its length, a hash of its bytes and its start, which
+/// [`check`] reports as unexpected. Check the result against [`History`] ops whose `len` is 0 (as
+/// `run_round` does): then every comparison [`check`] makes of compacted bodies (divergence,
+/// missing, lost, misplaced, duplicates, order) is the comparison of the real bodies.
+pub async fn read_fill(addr: &str) -> (NodeRead, Vec<QueueSum>) {
+    read_topic(addr, FILL_TOPIC, None, FILL_PULL_MAX, true).await
+}
+
+async fn read_topic(
+    addr: &str,
+    topic: &str,
+    group: Option<&str>,
+    max_messages: u32,
+    compact: bool,
+) -> (NodeRead, Vec<QueueSum>) {
     let mut c = connect(addr).await;
     let mut out = NodeRead::default();
+    let mut sums = Vec::new();
     for queue in 0..QUEUES {
         let mut msgs = Vec::new();
         let mut offset = 0;
-        // Bounded: at most 10M pulls of up to 500 messages.
+        let mut sum = QueueSum::default();
+        let mut hasher = std::hash::DefaultHasher::new();
+        // Bounded: at most 10M pulls of up to `max_messages` messages.
         for _ in 0..10_000_000u64 {
             let r = match c
                 .pull(PullRequest {
-                    topic: TOPIC.into(),
+                    topic: topic.into(),
                     queue,
                     offset,
-                    max_messages: 500,
+                    max_messages,
                     ..Default::default()
                 })
                 .await
@@ -887,14 +1188,28 @@ pub async fn read_node(addr: &str) -> NodeRead {
                 }
                 offset = m.offset + 1;
                 out.log_index.insert((queue, m.offset), m.log_index);
-                msgs.push((m.offset, m.body.to_vec()));
+                let body = if compact {
+                    let b = compact_fill(&m.body);
+                    (m.offset, &b).hash(&mut hasher);
+                    sum.messages += 1;
+                    b
+                } else {
+                    m.body.to_vec()
+                };
+                msgs.push((m.offset, body));
             }
         }
+        sum.next_offset = offset;
+        sum.checksum = hasher.finish();
+        sums.push(sum);
         out.queues.insert(queue, msgs);
+        let Some(group) = group else {
+            continue;
+        };
         let f = c
             .fetch_offset(FetchOffsetRequest {
-                group: GROUP.into(),
-                topic: TOPIC.into(),
+                group: group.into(),
+                topic: topic.into(),
                 queue,
             })
             .await;
@@ -906,7 +1221,41 @@ pub async fn read_node(addr: &str) -> NodeRead {
             Err(s) => out.errors.push(format!("fetch offset q{queue}: {s}")),
         }
     }
-    out
+    (out, sums)
+}
+
+/// The payload id of `b` when `b` is exactly `encode(id, b.len())` (as [`decode`], but parsing
+/// only the header: the fill's bodies are 8 KiB, and this crate is built unoptimised).
+fn decode_prefix(b: &[u8]) -> Option<MsgId> {
+    let head = &b[..b.len().min(96)];
+    let mut it = head.split(|c| *c == b'|');
+    if it.next()? != b"hist" {
+        return None;
+    }
+    let mut num = || -> Option<u64> { std::str::from_utf8(it.next()?).ok()?.parse().ok() };
+    let producer = num()?;
+    let seq = num()?;
+    let idx = u32::try_from(num()?).ok()?;
+    let id = MsgId { producer, seq, idx };
+    (encode(id, b.len()) == b).then_some(id)
+}
+
+/// A fill body as [`read_fill`] keeps it.
+fn compact_fill(b: &[u8]) -> Vec<u8> {
+    match decode_prefix(b) {
+        Some(id) if b.len() == FILL_BODY_LEN => encode(id, 0),
+        _ => {
+            let mut h = std::hash::DefaultHasher::new();
+            b.hash(&mut h);
+            format!(
+                "not-a-fill-payload|{} bytes|hash {:016x}|{}",
+                b.len(),
+                h.finish(),
+                body_str(b)
+            )
+            .into_bytes()
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -947,6 +1296,53 @@ pub struct Report {
     pub faults: Vec<FaultEvent>,
     pub liveness: Vec<FaultLiveness>,
     pub excerpts: Vec<String>,
+    /// Large-log mode: the fill and the check of [`FILL_TOPIC`].
+    pub fill: Option<Box<FillReport>>,
+}
+
+/// The fill of a large-log round and what every node held of it at the end.
+#[derive(Debug, Default)]
+pub struct FillReport {
+    pub stats: FillStats,
+    /// [`check`] of the fill's history against every node's compacted read ([`read_fill`]).
+    pub check: Report,
+    /// Per node, per queue of [`FILL_TOPIC`].
+    pub sums: BTreeMap<u64, Vec<QueueSum>>,
+    /// Every node holds the same messages, offsets and bodies in every queue of the fill.
+    pub sums_identical: bool,
+    /// Reading the fill back from every node (concurrently) and compacting it.
+    pub read_took: Duration,
+    pub check_took: Duration,
+}
+
+impl FillReport {
+    pub fn is_ok(&self) -> bool {
+        self.check.is_ok() && self.sums_identical
+    }
+}
+
+/// How the fill of a large-log round went.
+#[derive(Clone, Debug, Default)]
+pub struct FillStats {
+    pub target_bytes: u64,
+    pub sends: u64,
+    pub acked_sends: u64,
+    pub acked_bytes: u64,
+    pub took: Duration,
+    /// The fill timeout passed before every send was acknowledged.
+    pub timed_out: bool,
+    /// From the end of the fill until every node had applied the leader's commit index.
+    pub converged_after: Duration,
+}
+
+impl FillStats {
+    pub fn acked_mib(&self) -> f64 {
+        self.acked_bytes as f64 / (1u64 << 20) as f64
+    }
+
+    pub fn mib_per_sec(&self) -> f64 {
+        self.acked_mib() / self.took.as_secs_f64().max(1e-3)
+    }
 }
 
 impl Report {
@@ -962,6 +1358,7 @@ impl Report {
             + self.offsets_backwards
             + self.read_errors
             == 0
+            && self.fill.as_ref().is_none_or(|f| f.is_ok())
     }
 
     fn excerpt(&mut self, s: String) {
@@ -1018,9 +1415,79 @@ impl std::fmt::Display for Report {
                 l.after_heal.as_secs_f64(),
                 fe.note.replace('\n', "; ")
             )?;
+            let mut extra = String::new();
+            if let (Some(a), Some(b)) = (fe.term_before, fe.term_after) {
+                write!(extra, "term {a} -> {b}").ok();
+                if fe.kind.leaves_leader() && b > a {
+                    extra.push_str(" (RISEN by a follower fault)");
+                }
+            }
+            if let Some(cu) = &fe.catch_up {
+                write!(
+                    extra,
+                    "; node {} {} log index {} (of {}) {:.3}s after the heal",
+                    cu.node,
+                    if cu.caught_up {
+                        "caught up to"
+                    } else {
+                        "DID NOT CATCH UP, reached"
+                    },
+                    cu.reached,
+                    cu.target,
+                    cu.took.as_secs_f64()
+                )
+                .ok();
+            }
+            if !extra.is_empty() {
+                writeln!(f, "        {extra}")?;
+            }
         }
         for e in &self.excerpts {
             writeln!(f, "  --- {e}")?;
+        }
+        if let Some(fill) = &self.fill {
+            let st = &fill.stats;
+            writeln!(
+                f,
+                "  fill: {:.0} of {:.0} MiB acknowledged ({} of {} sends) in {:.1}s, {:.1} MiB/s{}; \
+                 every node applied it {:.1}s later; read back from every node in {:.1}s, \
+                 checked in {:.1}s",
+                st.acked_mib(),
+                st.target_bytes as f64 / (1u64 << 20) as f64,
+                st.acked_sends,
+                st.sends,
+                st.took.as_secs_f64(),
+                st.mib_per_sec(),
+                if st.timed_out {
+                    " (FILL TIMED OUT)"
+                } else {
+                    ""
+                },
+                st.converged_after.as_secs_f64(),
+                fill.read_took.as_secs_f64(),
+                fill.check_took.as_secs_f64()
+            )?;
+            for line in fill.check.to_string().lines() {
+                writeln!(f, "  fill {line}")?;
+            }
+            for (id, qs) in &fill.sums {
+                let v: Vec<String> = qs
+                    .iter()
+                    .enumerate()
+                    .map(|(q, s)| {
+                        format!(
+                            "q{q} {} msgs next {} sum {:016x}",
+                            s.messages, s.next_offset, s.checksum
+                        )
+                    })
+                    .collect();
+                writeln!(f, "  fill node {id}: {}", v.join(", "))?;
+            }
+            writeln!(
+                f,
+                "  fill identical on every node: {}",
+                if fill.sums_identical { "yes" } else { "NO" }
+            )?;
         }
         Ok(())
     }
@@ -1393,8 +1860,10 @@ pub struct ScenarioCfg {
     /// Acknowledged sends awaited before the first fault and between faults (bounded by `calm`).
     pub acks_between: u64,
     pub calm: Duration,
-    /// Hard bound of the load phase.
+    /// Hard bound of the load phase (which starts after the fill in large-log mode).
     pub max_duration: Duration,
+    /// Large-log mode: fill the log first, wait for followers to catch up after follower faults.
+    pub large_log: Option<LargeLogCfg>,
 }
 
 impl ScenarioCfg {
@@ -1406,7 +1875,146 @@ impl ScenarioCfg {
             acks_between: 50,
             calm: Duration::from_secs(5),
             max_duration: Duration::from_secs(600),
+            large_log: None,
         }
+    }
+}
+
+/// The fill's topic (with [`QUEUES`] queues), apart from the workload's [`TOPIC`].
+pub const FILL_TOPIC: &str = "hist-fill";
+/// Messages per fill send; each send is one Raft entry of [`FILL_SEND_BYTES`].
+pub const FILL_MSGS_PER_SEND: u32 = 16;
+pub const FILL_BODY_LEN: usize = 8 << 10;
+pub const FILL_SEND_BYTES: u64 = FILL_MSGS_PER_SEND as u64 * FILL_BODY_LEN as u64;
+/// Fill producers' ids start above this (the workload's producers count from 1).
+pub const FILL_PRODUCER_BASE: u64 = 1_000_000;
+/// Deadline of one fill send (retried with the same producer id and sequence until then).
+const FILL_OP_DEADLINE: Duration = Duration::from_secs(30);
+/// Messages per pull when reading the fill back (2 MiB).
+const FILL_PULL_MAX: u32 = 256;
+
+/// Large-log mode of a round.
+///
+/// Why the fill has its own topic: [`check`] keeps every body it reads, from every node, and a
+/// copy of the canonical one: for a 1 GiB fill that is 4 GiB and more of memory (and N times that
+/// for an N GiB fill), with every byte compared a few times in this unoptimised crate. The fill is
+/// instead read from [`FILL_TOPIC`] by [`read_fill`], which keeps each body as the header that
+/// determines it, and then goes through the same [`check`] as the workload: every acknowledged
+/// fill message must be at its acknowledged offset on every node (lost, misplaced), nothing else
+/// may be there (unexpected, aborted, duplicates, order), and the nodes must agree offset by offset
+/// (divergent, missing); a per-queue count, end offset and checksum are compared across nodes too.
+/// Memory is tens of bytes per 8 KiB message, and the three nodes are read concurrently, so the
+/// read-back of a 1 GiB round is bound by the nodes' disks (seconds to tens of seconds), well
+/// under a minute.
+#[derive(Clone, Debug)]
+pub struct LargeLogCfg {
+    /// MiB sent before the load starts.
+    pub mib: u64,
+    /// Concurrent fill producers, each with one send in flight.
+    pub producers: u64,
+    /// The fill stops sending after this long (what was acknowledged stays and is checked).
+    pub fill_timeout: Duration,
+    /// The longest a follower may take from a heal to catch up; 60 s + `mib` at 20 MiB/s.
+    pub catch_up_timeout: Duration,
+}
+
+impl LargeLogCfg {
+    pub fn new(mib: u64) -> LargeLogCfg {
+        LargeLogCfg {
+            mib,
+            producers: 8,
+            fill_timeout: Duration::from_secs(120) + Duration::from_secs_f64(mib as f64 / 4.0),
+            catch_up_timeout: Duration::from_secs(60) + Duration::from_secs_f64(mib as f64 / 20.0),
+        }
+    }
+
+    /// Bound of every wait for a leader and for convergence: a node restarting or catching up
+    /// replays or receives the whole log.
+    pub fn converge_timeout(&self) -> Duration {
+        CONVERGE_TIMEOUT.max(self.catch_up_timeout)
+    }
+}
+
+/// Sends `cfg.mib` MiB to [`FILL_TOPIC`] through the leader, in sends of [`FILL_MSGS_PER_SEND`]
+/// messages of [`FILL_BODY_LEN`] bytes (one Raft entry each, replicated and fsynced by the
+/// group), from `cfg.producers` producers at once, each send recorded in `hist`. Prints progress
+/// on stderr once a second. Returns once every producer stopped: every send was made, or the fill
+/// timeout passed (then within one send deadline).
+pub async fn fill_log(c: &Cluster, hist: Arc<History>, cfg: &LargeLogCfg) -> FillStats {
+    let addrs = c.addrs();
+    let total_sends = (cfg.mib << 20).div_ceil(FILL_SEND_BYTES);
+    let target_mib = cfg.mib as f64;
+    let next = Arc::new(AtomicU64::new(0));
+    let acked = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let deadline = t + cfg.fill_timeout;
+    let mut tasks = Vec::new();
+    for p in 1..=cfg.producers.max(1) {
+        let (hist, addrs, next, acked) = (hist.clone(), addrs.clone(), next.clone(), acked.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut prod = HistProducer::with_topic(FILL_PRODUCER_BASE + p, addrs, FILL_TOPIC);
+            // Bounded by the number of sends and by the deadline.
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total_sends {
+                    break;
+                }
+                let queue = (i % QUEUES as u64) as u32;
+                let out = prod
+                    .send(
+                        &hist,
+                        queue,
+                        FILL_MSGS_PER_SEND,
+                        FILL_BODY_LEN,
+                        FILL_OP_DEADLINE,
+                    )
+                    .await;
+                if let Outcome::Acked { .. } = out {
+                    acked.fetch_add(FILL_SEND_BYTES, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut prev = (Instant::now(), 0u64);
+    // Bounded: every producer stops within one send deadline of the fill deadline.
+    let bound = cfg.fill_timeout + FILL_OP_DEADLINE + Duration::from_secs(10);
+    while t.elapsed() < bound && !tasks.iter().all(|h| h.is_finished()) {
+        for _ in 0..20 {
+            if tasks.iter().all(|h| h.is_finished()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let done = acked.load(Ordering::Relaxed);
+        let rate = mib(done - prev.1) / prev.0.elapsed().as_secs_f64().max(1e-3);
+        prev = (Instant::now(), done);
+        eprintln!(
+            "  fill: {:.0} of {target_mib:.0} MiB, {rate:.1} MiB/s (average {:.1} MiB/s), {:.0} s",
+            mib(done),
+            mib(done) / t.elapsed().as_secs_f64().max(1e-3),
+            t.elapsed().as_secs_f64()
+        );
+    }
+    for h in tasks {
+        // Each ends within one send deadline (its sends record themselves; never aborted, or a
+        // send stored but not recorded would read back as unexpected).
+        let _ = h.await;
+    }
+    let took = t.elapsed();
+    let ops = lock(&hist.ops);
+    let acked_sends = ops
+        .iter()
+        .filter(|o| matches!(o.outcome, Outcome::Acked { .. }))
+        .count() as u64;
+    FillStats {
+        target_bytes: cfg.mib << 20,
+        sends: ops.len() as u64,
+        acked_sends,
+        acked_bytes: acked_sends * FILL_SEND_BYTES,
+        took,
+        timed_out: acked_sends < total_sends,
+        converged_after: Duration::ZERO,
     }
 }
 
@@ -1419,7 +2027,7 @@ async fn calm(hist: &History, n: u64, calm: Duration) {
     }
 }
 
-async fn create_topic(c: &Cluster) -> Result<(), String> {
+async fn create_topic(c: &Cluster, name: &str) -> Result<(), String> {
     let t = Instant::now();
     let mut last = String::new();
     while t.elapsed() < CONVERGE_TIMEOUT {
@@ -1428,7 +2036,7 @@ async fn create_topic(c: &Cluster) -> Result<(), String> {
             .client(leader)
             .await
             .create_topic(CreateTopicRequest {
-                name: TOPIC.into(),
+                name: name.into(),
                 queues: QUEUES,
                 update: false,
             })
@@ -1445,7 +2053,14 @@ async fn create_topic(c: &Cluster) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(format!("create topic: {last}"))
+    Err(format!("create topic {name}: {last}"))
+}
+
+/// A round's outcome: the checked report (Err: the group did not converge or a follower did not
+/// catch up within its bound), and the faults injected either way.
+pub struct RoundOutcome {
+    pub result: Result<Report, String>,
+    pub faults: Vec<FaultEvent>,
 }
 
 /// Starts a three-node group with durable-length tracking (for power loss), runs the workload
@@ -1454,6 +2069,13 @@ async fn create_topic(c: &Cluster) -> Result<(), String> {
 /// Err: the group did not converge within its bound (with the faults so far); the history check
 /// itself is in the returned report.
 pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
+    run_round(cfg).await.result
+}
+
+/// As [`run_scenario`], with the faults of a round that failed too. The nodes' data dirs are
+/// removed before it returns, unless the round failed and `RAFTMQ_KEEP_FAILED` is set (then the
+/// report or the error names where they are).
+pub async fn run_round(cfg: &ScenarioCfg) -> RoundOutcome {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let plan: Vec<FaultKind> = match &cfg.plan {
         FaultPlan::Fixed(v) => v.clone(),
@@ -1467,9 +2089,96 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
         plan.iter().map(|k| k.name()).collect::<Vec<_>>()
     );
     let mut c = Cluster::start_opts(3, &[], &[("RAFTMQ_TRACK_DURABLE", "1")], true).await;
-    create_topic(&c).await?;
+    let mut hist = None;
+    let mut result = scenario(cfg, plan, &mut rng, &mut c, &mut hist).await;
+    let faults = hist.map(|h| lock(&h.faults).clone()).unwrap_or_default();
+    // Every node stops before its data dir goes (or is kept).
+    c.kill_all();
+    let failed = result.as_ref().map_or(true, |r| !r.is_ok());
+    let keep = failed && std::env::var_os("RAFTMQ_KEEP_FAILED").is_some();
+    match tempfile::tempdir() {
+        Ok(fresh) => {
+            let dir = std::mem::replace(&mut c.dir, fresh);
+            let shown = dir.path().display().to_string();
+            if keep {
+                // The nodes' data dirs and logs, for a post-mortem.
+                let kept = format!("data dirs and node logs kept in {}", dir.keep().display());
+                match &mut result {
+                    Ok(report) => report.excerpts.push(kept),
+                    Err(e) => {
+                        e.push('\n');
+                        e.push_str(&kept);
+                    }
+                }
+            } else if let Err(e) = dir.close() {
+                eprintln!("WARNING: could not remove the round's data dirs {shown}: {e}");
+            }
+        }
+        // The old dir is then removed when the cluster drops.
+        Err(e) => eprintln!("WARNING: no temporary dir: {e}"),
+    }
+    RoundOutcome { result, faults }
+}
+
+/// The round on a started cluster; `hist_out` receives the workload's history once it exists.
+async fn scenario(
+    cfg: &ScenarioCfg,
+    plan: Vec<FaultKind>,
+    rng: &mut StdRng,
+    c: &mut Cluster,
+    hist_out: &mut Option<Arc<History>>,
+) -> Result<Report, String> {
+    create_topic(c, TOPIC).await?;
+    let converge_timeout = cfg
+        .large_log
+        .as_ref()
+        .map(|l| l.converge_timeout())
+        .unwrap_or(CONVERGE_TIMEOUT);
+    let opts = InjectOpts {
+        converge_timeout,
+        catch_up_timeout: cfg.large_log.as_ref().map(|l| l.catch_up_timeout),
+    };
+    let mut fill = None;
+    if let Some(ll) = &cfg.large_log {
+        create_topic(c, FILL_TOPIC).await?;
+        let fill_hist = Arc::new(History::default());
+        eprintln!(
+            "seed {}: filling the log with {} MiB ({} producers, sends of {} KiB)",
+            cfg.seed,
+            ll.mib,
+            ll.producers,
+            FILL_SEND_BYTES >> 10
+        );
+        let mut stats = fill_log(c, fill_hist.clone(), ll).await;
+        let t = Instant::now();
+        if let Err(e) = wait_converged(c, converge_timeout).await {
+            return Err(failure_text(
+                cfg.seed,
+                c,
+                &[],
+                &format!("after the fill of {} MiB: {e}", ll.mib),
+            ));
+        }
+        stats.converged_after = t.elapsed();
+        eprintln!(
+            "seed {}: fill done: {:.0} MiB acknowledged in {:.1} s ({:.1} MiB/s){}, every node \
+             applied it {:.1} s later",
+            cfg.seed,
+            stats.acked_mib(),
+            stats.took.as_secs_f64(),
+            stats.mib_per_sec(),
+            if stats.timed_out {
+                " FILL TIMED OUT"
+            } else {
+                ""
+            },
+            stats.converged_after.as_secs_f64()
+        );
+        fill = Some((fill_hist, stats));
+    }
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
+    *hist_out = Some(hist.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let until = Instant::now() + cfg.max_duration;
     let mut tasks = Vec::new();
@@ -1497,7 +2206,19 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
         if Instant::now() >= until {
             break;
         }
-        if let Err(e) = inject(&mut c, &hist, kind, &mut rng).await {
+        // The long partition runs under load: not started when the load ends before it heals.
+        if kind == FaultKind::PartitionFollowerLong
+            && until.saturating_duration_since(Instant::now()) < PARTITION_LONG
+        {
+            eprintln!(
+                "seed {}: {} skipped: the load ends within {} s",
+                cfg.seed,
+                kind.name(),
+                PARTITION_LONG.as_secs()
+            );
+            continue;
+        }
+        if let Err(e) = inject_opts(c, &hist, kind, rng, &opts).await {
             result = Err(e);
             break;
         }
@@ -1510,51 +2231,104 @@ pub async fn run_scenario(cfg: &ScenarioCfg) -> Result<Report, String> {
         let _ = t.await;
     }
     let converged = match result {
-        Ok(()) => wait_converged(&c, CONVERGE_TIMEOUT).await.map(|_| ()),
+        Ok(()) => wait_converged(c, converge_timeout).await.map(|_| ()),
         Err(e) => Err(e),
     };
     if let Err(e) = converged {
-        let mut s = format!("seed {}: {e}\nfaults:\n", cfg.seed);
-        for fe in lock(&hist.faults).iter() {
-            writeln!(s, "  {fe:?}").ok();
-        }
-        for id in c.nodes.keys() {
-            // The first panic and the last lines that are not heartbeat or replication noise.
-            let log = c.node_log(*id);
-            let lines: Vec<&str> = log.lines().collect();
-            if let Some(i) = lines.iter().position(|l| l.contains("panicked")) {
-                writeln!(s, "node {id} panicked:").ok();
-                for l in &lines[i..(i + 6).min(lines.len())] {
-                    writeln!(s, "  {l}").ok();
-                }
-            }
-            let tail: Vec<&str> = lines
-                .iter()
-                .rev()
-                .filter(|l| !l.contains("heartbeat") && !l.contains("RaftMsg"))
-                .take(12)
-                .copied()
-                .collect();
-            writeln!(s, "node {id} log tail:").ok();
-            for l in tail.into_iter().rev() {
-                writeln!(s, "  {l}").ok();
-            }
-        }
-        return Err(s);
+        let faults = lock(&hist.faults).clone();
+        return Err(failure_text(cfg.seed, c, &faults, &e));
     }
     let mut reads = BTreeMap::new();
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
     }
     let mut report = check(&hist, &reads, cfg.seed);
-    if !report.is_ok() && std::env::var_os("RAFTMQ_KEEP_FAILED").is_some() {
-        // The nodes' data dirs and logs, for a post-mortem.
-        c.kill_all();
-        let kept = std::mem::replace(&mut c.dir, tempfile::tempdir().map_err(|e| e.to_string())?);
-        report.excerpts.push(format!(
-            "data dirs and node logs kept in {}",
-            kept.keep().display()
-        ));
+    if let Some((fill_hist, stats)) = fill {
+        report.fill = Some(Box::new(check_fill(c, &fill_hist, stats, cfg.seed).await));
     }
     Ok(report)
+}
+
+/// Reads the fill back from every node at once and checks it (see [`LargeLogCfg`]).
+async fn check_fill(c: &Cluster, fill_hist: &History, stats: FillStats, seed: u64) -> FillReport {
+    let t = Instant::now();
+    let mut handles = Vec::new();
+    for (id, n) in &c.nodes {
+        let addr = n.addr.clone();
+        handles.push((*id, tokio::spawn(async move { read_fill(&addr).await })));
+    }
+    let mut reads = BTreeMap::new();
+    let mut sums = BTreeMap::new();
+    for (id, h) in handles {
+        match h.await {
+            Ok((nr, s)) => {
+                reads.insert(id, nr);
+                sums.insert(id, s);
+            }
+            Err(e) => {
+                let mut nr = NodeRead::default();
+                nr.errors.push(format!("reading the fill failed: {e}"));
+                reads.insert(id, nr);
+            }
+        }
+    }
+    let read_took = t.elapsed();
+    let t = Instant::now();
+    // The ops as the compacted bodies stand for them (see `read_fill`).
+    let ops: Vec<Op> = lock(&fill_hist.ops)
+        .iter()
+        .map(|o| Op {
+            len: 0,
+            ..o.clone()
+        })
+        .collect();
+    let compacted = History {
+        t0: fill_hist.t0,
+        ops: Mutex::new(ops),
+        load_end: Mutex::new(Some(fill_hist.now())),
+        ..History::default()
+    };
+    let check = check(&compacted, &reads, seed);
+    let first = sums.values().next();
+    let sums_identical = sums.len() == reads.len() && sums.values().all(|s| Some(s) == first);
+    FillReport {
+        stats,
+        check,
+        sums,
+        sums_identical,
+        read_took,
+        check_took: t.elapsed(),
+    }
+}
+
+/// The error of a round that did not converge: the faults so far, the first panic and the tail of
+/// every node's log.
+fn failure_text(seed: u64, c: &Cluster, faults: &[FaultEvent], e: &str) -> String {
+    let mut s = format!("seed {seed}: {e}\nfaults:\n");
+    for fe in faults {
+        writeln!(s, "  {fe:?}").ok();
+    }
+    for id in c.nodes.keys() {
+        // The first panic and the last lines that are not heartbeat or replication noise.
+        let log = c.node_log(*id);
+        let lines: Vec<&str> = log.lines().collect();
+        if let Some(i) = lines.iter().position(|l| l.contains("panicked")) {
+            writeln!(s, "node {id} panicked:").ok();
+            for l in &lines[i..(i + 6).min(lines.len())] {
+                writeln!(s, "  {l}").ok();
+            }
+        }
+        let tail: Vec<&str> = lines
+            .iter()
+            .rev()
+            .filter(|l| !l.contains("heartbeat") && !l.contains("RaftMsg"))
+            .take(12)
+            .copied()
+            .collect();
+        writeln!(s, "node {id} log tail:").ok();
+        for l in tail.into_iter().rev() {
+            writeln!(s, "  {l}").ok();
+        }
+    }
+    s
 }

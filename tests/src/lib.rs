@@ -14,6 +14,7 @@ use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::*;
 use tonic::transport::Channel;
 
+pub mod biglog;
 pub mod history;
 pub mod proxy;
 

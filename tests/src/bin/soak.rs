@@ -7,12 +7,25 @@
 //! Round `r` uses seed `SEED + r`, so a failing round reruns alone with `--seed` set to the seed it
 //! prints. Exit status 1 when any round lost, invented, duplicated, reordered or diverged anything,
 //! or did not recover.
+//!
+//! Large-log mode (`--large-log-mb N`): each round first fills the group's log with N MiB in
+//! 128 KiB entries (`--fill-producers` sends in flight; progress once a second), then runs the
+//! load and faults drawn by default from `kill-follower`, `wipe-follower` and
+//! `partition-follower-long` (60 s). After each follower fault the round waits for the follower
+//! to catch up to the leader's commit index at the heal, within 60 s + N MiB at 20 MiB/s, and fails
+//! if it does not. The fill is read back from every node and checked like the load (see
+//! `raftmq_tests::history::LargeLogCfg`). The summary adds the catch-up times per kind and how
+//! many follower faults raised the group's term.
+//!
+//!     target/debug/soak --duration-secs 240 --seed 7 --large-log-mb 1024 --faults-per-round 3
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use raftmq_tests::history::{FaultKind, FaultPlan, ScenarioCfg, run_scenario};
+use raftmq_tests::history::{
+    FaultEvent, FaultKind, FaultPlan, LargeLogCfg, Report, ScenarioCfg, run_round,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "Fault-injection soak of a three-node broker group with a history checker")]
@@ -29,9 +42,35 @@ struct Args {
     /// Concurrent producers.
     #[arg(long, default_value_t = 3)]
     producers: u64,
+    /// Fault kinds to draw from, comma-separated (default: every kind but
+    /// partition-follower-long; with --large-log-mb: kill-follower, wipe-follower,
+    /// partition-follower-long).
+    #[arg(long, default_value = "")]
+    kinds: String,
     /// Fault kinds left out, comma-separated (e.g. "wipe-follower,bit-flip").
     #[arg(long, default_value = "")]
     exclude: String,
+    /// Large-log mode: fill each round's log with this many MiB before the load (0: off).
+    #[arg(long, default_value_t = 0)]
+    large_log_mb: u64,
+    /// Large-log mode: concurrent fill producers (one 128 KiB send in flight each).
+    #[arg(long, default_value_t = 8)]
+    fill_producers: u64,
+}
+
+/// Per fault kind.
+#[derive(Default)]
+struct FaultTotals {
+    /// In every round (the two longest-times figures come from the rounds that were checked).
+    injected: u64,
+    max_gap: Duration,
+    max_after_heal: Duration,
+    /// Heal → caught up, of every follower that caught up (every round).
+    catch_ups: Vec<Duration>,
+    catch_up_timeouts: u64,
+    /// Follower faults whose terms before and after are known, and those after which it rose.
+    terms_known: u64,
+    terms_rose: u64,
 }
 
 #[derive(Default)]
@@ -54,27 +93,70 @@ struct Totals {
     offsets_backwards: u64,
     offset_commits: u64,
     read_errors: u64,
-    /// kind → (count, longest without ack, longest from heal to first ack)
-    faults: BTreeMap<&'static str, (u64, Duration, Duration)>,
+    faults: BTreeMap<&'static str, FaultTotals>,
     failures: Vec<String>,
+    /// Large-log mode.
+    fills: u64,
+    fill_mib: f64,
+    fill_secs: f64,
+    fill_timeouts: u64,
+    fill_msgs_read: u64,
+    /// Problems found in the fill (also counted in the figures above).
+    fill_problems: u64,
+    fill_not_identical: u64,
+    fill_read_max: Duration,
+}
+
+/// Fault kinds named in a comma-separated list; exits on an unknown name.
+fn parse_kinds(list: &str) -> Vec<FaultKind> {
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            FaultKind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .unwrap_or_else(|| {
+                    eprintln!(
+                        "unknown fault kind {name:?}; kinds: {:?}",
+                        FaultKind::ALL.map(|k| k.name())
+                    );
+                    std::process::exit(2);
+                })
+        })
+        .collect()
 }
 
 fn main() {
     let args = Args::parse();
-    let excluded: Vec<&str> = args.exclude.split(',').filter(|s| !s.is_empty()).collect();
-    for e in &excluded {
-        if !FaultKind::ALL.iter().any(|k| k.name() == *e) {
-            eprintln!(
-                "unknown fault kind {e:?}; kinds: {:?}",
-                FaultKind::ALL.map(|k| k.name())
-            );
-            std::process::exit(2);
-        }
+    let excluded = parse_kinds(&args.exclude);
+    let chosen = parse_kinds(&args.kinds);
+    let base: Vec<FaultKind> = if !chosen.is_empty() {
+        chosen
+    } else if args.large_log_mb > 0 {
+        FaultKind::LARGE_LOG.to_vec()
+    } else {
+        // Not ALL: a seed then draws the faults it drew before partition-follower-long existed.
+        FaultKind::CLASSIC.to_vec()
+    };
+    let kinds: Vec<FaultKind> = base.into_iter().filter(|k| !excluded.contains(k)).collect();
+    if kinds.is_empty() && args.faults_per_round > 0 {
+        eprintln!("no fault kind left to draw from");
+        std::process::exit(2);
     }
-    let kinds: Vec<FaultKind> = FaultKind::ALL
-        .into_iter()
-        .filter(|k| !excluded.contains(&k.name()))
-        .collect();
+    let large_log = (args.large_log_mb > 0).then(|| {
+        let mut l = LargeLogCfg::new(args.large_log_mb);
+        l.producers = args.fill_producers.max(1);
+        l
+    });
+    if let Some(l) = &large_log {
+        eprintln!(
+            "large-log mode: {} MiB per round, {} fill producers, catch-up limit {:.0} s, kinds {:?}",
+            l.mib,
+            l.producers,
+            l.catch_up_timeout.as_secs_f64(),
+            kinds.iter().map(|k| k.name()).collect::<Vec<_>>()
+        );
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -99,16 +181,29 @@ fn main() {
         );
         cfg.workload.producers = args.producers;
         cfg.max_duration = left.min(Duration::from_secs(300));
+        cfg.large_log = large_log.clone();
         eprintln!(
             "round {round} seed {seed} ({:.0}s left)",
             left.as_secs_f64()
         );
         let res =
-            rt.block_on(async move { tokio::spawn(async move { run_scenario(&cfg).await }).await });
+            rt.block_on(async move { tokio::spawn(async move { run_round(&cfg).await }).await });
         tot.rounds += 1;
-        let report = match res {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
+        let outcome = match res {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("ROUND PANICKED, seed {seed}: {e}");
+                tot.failures.push(format!("seed {seed}: panicked: {e}"));
+                continue;
+            }
+        };
+        // Catch-up and terms of every fault, whether or not the round recovered.
+        for fe in &outcome.faults {
+            add_fault(&mut tot, fe);
+        }
+        let report = match outcome.result {
+            Ok(r) => r,
+            Err(e) => {
                 eprintln!("ROUND FAILED (no recovery), seed {seed}:\n{e}");
                 tot.failures.push(format!(
                     "seed {seed}: did not recover: {}",
@@ -116,60 +211,130 @@ fn main() {
                 ));
                 continue;
             }
-            Err(e) => {
-                eprintln!("ROUND PANICKED, seed {seed}: {e}");
-                tot.failures.push(format!("seed {seed}: panicked: {e}"));
-                continue;
-            }
         };
         eprint!("{report}");
         if !report.is_ok() {
+            let f = report.fill.as_ref().map(|f| &f.check);
+            let n = |get: fn(&Report) -> u64| get(&report) + f.map(get).unwrap_or(0);
             tot.failures.push(format!(
-                "seed {seed}: lost {} unexpected {} divergent {} missing {} order {} duplicates {}",
-                report.lost,
-                report.unexpected,
-                report.divergent,
-                report.missing,
-                report.order,
-                report.duplicates
+                "seed {seed}: lost {} unexpected {} divergent {} missing {} order {} duplicates {}{}",
+                n(|r| r.lost),
+                n(|r| r.unexpected),
+                n(|r| r.divergent),
+                n(|r| r.missing),
+                n(|r| r.order),
+                n(|r| r.duplicates),
+                match &report.fill {
+                    Some(fr) if !fr.sums_identical => " (fill not identical on every node)",
+                    _ => "",
+                }
             ));
         }
-        tot.ops += report.ops;
-        tot.acked_ops += report.acked_ops;
-        tot.acked_msgs += report.acked_msgs;
-        tot.unknown_ops += report.unknown_ops;
-        tot.failed_ops += report.failed_ops;
-        tot.read_msgs += report.read_msgs;
-        tot.lost += report.lost;
-        tot.unexpected += report.unexpected;
-        tot.aborted += report.aborted;
-        tot.misplaced += report.misplaced;
-        tot.duplicates += report.duplicates;
-        tot.divergent += report.divergent;
-        tot.missing += report.missing;
-        tot.order += report.order;
-        tot.offsets_backwards += report.offsets_backwards;
-        tot.offset_commits += report.offset_commits;
-        tot.read_errors += report.read_errors;
+        add_report(&mut tot, &report);
+        if let Some(fr) = &report.fill {
+            add_report(&mut tot, &fr.check);
+            tot.fills += 1;
+            tot.fill_mib += fr.stats.acked_mib();
+            tot.fill_secs += fr.stats.took.as_secs_f64();
+            tot.fill_timeouts += fr.stats.timed_out as u64;
+            tot.fill_msgs_read += fr.check.read_msgs;
+            tot.fill_problems += problems(&fr.check);
+            tot.fill_not_identical += !fr.sums_identical as u64;
+            tot.fill_read_max = tot.fill_read_max.max(fr.read_took);
+        }
         for (fe, l) in report.faults.iter().zip(&report.liveness) {
             let e = tot.faults.entry(fe.kind.name()).or_default();
-            e.0 += 1;
-            e.1 = e.1.max(l.max_gap);
-            e.2 = e.2.max(l.after_heal);
+            e.max_gap = e.max_gap.max(l.max_gap);
+            e.max_after_heal = e.max_after_heal.max(l.after_heal);
         }
     }
-    print_summary(&tot, t.elapsed(), args.seed);
+    print_summary(&tot, t.elapsed(), args.seed, large_log.as_ref());
     if !tot.failures.is_empty() {
         std::process::exit(1);
     }
 }
 
-fn print_summary(t: &Totals, elapsed: Duration, seed: u64) {
+fn problems(r: &Report) -> u64 {
+    r.lost
+        + r.misplaced
+        + r.unexpected
+        + r.aborted
+        + r.divergent
+        + r.missing
+        + r.order
+        + r.duplicates
+        + r.offsets_backwards
+        + r.read_errors
+}
+
+/// Catch-up and term figures of one fault.
+fn add_fault(tot: &mut Totals, fe: &FaultEvent) {
+    let e = tot.faults.entry(fe.kind.name()).or_default();
+    e.injected += 1;
+    if let Some(cu) = &fe.catch_up {
+        if cu.caught_up {
+            e.catch_ups.push(cu.took);
+        } else {
+            e.catch_up_timeouts += 1;
+        }
+    }
+    if fe.kind.leaves_leader()
+        && let Some(rose) = fe.term_rose()
+    {
+        e.terms_known += 1;
+        e.terms_rose += rose as u64;
+    }
+}
+
+fn add_report(tot: &mut Totals, report: &Report) {
+    tot.ops += report.ops;
+    tot.acked_ops += report.acked_ops;
+    tot.acked_msgs += report.acked_msgs;
+    tot.unknown_ops += report.unknown_ops;
+    tot.failed_ops += report.failed_ops;
+    tot.read_msgs += report.read_msgs;
+    tot.lost += report.lost;
+    tot.unexpected += report.unexpected;
+    tot.aborted += report.aborted;
+    tot.misplaced += report.misplaced;
+    tot.duplicates += report.duplicates;
+    tot.divergent += report.divergent;
+    tot.missing += report.missing;
+    tot.order += report.order;
+    tot.offsets_backwards += report.offsets_backwards;
+    tot.offset_commits += report.offset_commits;
+    tot.read_errors += report.read_errors;
+}
+
+/// "p50 / max (n)" of catch-up times, with the timeouts.
+fn catch_up_cell(f: &FaultTotals) -> String {
+    let mut v = f.catch_ups.clone();
+    v.sort();
+    let mut s = match (v.get(v.len().saturating_sub(1) / 2), v.last()) {
+        (Some(p50), Some(max)) => format!(
+            "{:.1} s / {:.1} s ({})",
+            p50.as_secs_f64(),
+            max.as_secs_f64(),
+            v.len()
+        ),
+        _ => "-".to_string(),
+    };
+    if f.catch_up_timeouts > 0 {
+        s.push_str(&format!(", {} TIMED OUT", f.catch_up_timeouts));
+    }
+    s
+}
+
+fn print_summary(t: &Totals, elapsed: Duration, seed: u64, large_log: Option<&LargeLogCfg>) {
     println!();
     println!(
-        "soak summary: {} rounds in {:.0} s, first seed {seed}",
+        "soak summary: {} rounds in {:.0} s, first seed {seed}{}",
         t.rounds,
-        elapsed.as_secs_f64()
+        elapsed.as_secs_f64(),
+        match large_log {
+            Some(l) => format!(", large-log mode {} MiB", l.mib),
+            None => String::new(),
+        }
     );
     println!("| figure | value |");
     println!("|---|---|");
@@ -194,16 +359,64 @@ fn print_summary(t: &Totals, elapsed: Duration, seed: u64) {
     ] {
         println!("| {k} | {v} |");
     }
-    println!();
-    println!("| fault | injected | longest without ack | longest heal → first ack |");
-    println!("|---|---|---|---|");
-    for (k, (n, gap, heal)) in &t.faults {
+    let (known, rose) = t
+        .faults
+        .values()
+        .fold((0, 0), |(k, r), f| (k + f.terms_known, r + f.terms_rose));
+    println!("| terms changed by follower faults | {rose} of {known} |");
+    if large_log.is_some() {
         println!(
-            "| {k} | {n} | {:.3} s | {:.3} s |",
-            gap.as_secs_f64(),
-            heal.as_secs_f64()
+            "| fill: rounds filled (timed out) | {} ({}) |",
+            t.fills, t.fill_timeouts
+        );
+        println!(
+            "| fill: MiB acknowledged, MiB/s | {:.0}, {:.1} |",
+            t.fill_mib,
+            t.fill_mib / t.fill_secs.max(1e-3)
+        );
+        println!(
+            "| fill: messages read back (per node) | {} |",
+            t.fill_msgs_read
+        );
+        println!(
+            "| fill: problems (counted above too) | {} |",
+            t.fill_problems
+        );
+        println!(
+            "| fill: rounds not identical on every node | {} |",
+            t.fill_not_identical
+        );
+        println!(
+            "| fill: longest read-back (3 nodes) | {:.1} s |",
+            t.fill_read_max.as_secs_f64()
         );
     }
+    println!();
+    println!(
+        "| fault | injected | longest without ack | longest heal → first ack | heal → caught up \
+         p50 / max (n) | term rose |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (k, f) in &t.faults {
+        let terms = if f.terms_known > 0 {
+            format!("{} of {}", f.terms_rose, f.terms_known)
+        } else {
+            "-".to_string()
+        };
+        println!(
+            "| {k} | {} | {:.3} s | {:.3} s | {} | {terms} |",
+            f.injected,
+            f.max_gap.as_secs_f64(),
+            f.max_after_heal.as_secs_f64(),
+            catch_up_cell(f)
+        );
+    }
+    println!();
+    println!(
+        "{}TERMS CHANGED BY FOLLOWER FAULTS: {rose} of {known} follower faults were followed by a \
+         higher term",
+        if rose > 0 { "!!! " } else { "" }
+    );
     if t.failures.is_empty() {
         println!("\nno failures");
     } else {

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use raftmq_proto::v1::{ErrorCode, PullRequest};
 
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
-use raftmq_proto::v1::{Message, SendRequest};
 use tonic::transport::Channel;
 
-use crate::{Cluster, SendOutcome, code, connect};
+use crate::{Cluster, SendOutcome, code, connect, send_request};
 
 /// An idempotent producer on one connection per node, following NOT_LEADER hints; a batch is
 /// retried with the same (producer, sequence) until it is acknowledged or its deadline passes.
@@ -47,19 +46,7 @@ impl Sender {
         deadline: Duration,
     ) -> SendOutcome {
         self.seq += 1;
-        let req = SendRequest {
-            topic: topic.into(),
-            queue,
-            messages: bodies
-                .into_iter()
-                .map(|body| Message {
-                    body: body.into(),
-                    ..Default::default()
-                })
-                .collect(),
-            producer_id: self.producer_id,
-            sequence: self.seq,
-        };
+        let req = send_request(self.producer_id, self.seq, topic, queue, bodies);
         let t = Instant::now();
         let mut last = String::new();
         while t.elapsed() < deadline {

@@ -362,6 +362,29 @@ pub enum SendOutcome {
     Failed(String),
 }
 
+/// The send of one batch of `bodies` as producer `producer_id`'s sequence `seq`.
+pub fn send_request(
+    producer_id: u64,
+    seq: u64,
+    topic: &str,
+    queue: u32,
+    bodies: Vec<Vec<u8>>,
+) -> SendRequest {
+    SendRequest {
+        topic: topic.into(),
+        queue,
+        messages: bodies
+            .into_iter()
+            .map(|body| Message {
+                body: body.into(),
+                ..Default::default()
+            })
+            .collect(),
+        producer_id,
+        sequence: seq,
+    }
+}
+
 impl TestProducer {
     pub fn new(producer_id: u64, addrs: Vec<String>) -> TestProducer {
         TestProducer {
@@ -380,19 +403,7 @@ impl TestProducer {
         deadline: Duration,
     ) -> SendOutcome {
         self.seq += 1;
-        let req = SendRequest {
-            topic: topic.into(),
-            queue,
-            messages: bodies
-                .into_iter()
-                .map(|body| Message {
-                    body: body.into(),
-                    ..Default::default()
-                })
-                .collect(),
-            producer_id: self.producer_id,
-            sequence: self.seq,
-        };
+        let req = send_request(self.producer_id, self.seq, topic, queue, bodies);
         let t = Instant::now();
         let mut rr = 0usize;
         let mut last = String::new();

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use raftmq_proto::limits::{self, SendLimits};
 use raftmq_raft_log::RaftConfig;
 use serde::{Deserialize, Serialize};
 
@@ -25,19 +26,39 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// The contract's limits (`raftmq_proto::limits`); a client that does not yet know a group's
+    /// limits checks against these same values.
     fn default() -> Self {
         Limits {
-            body_bytes_max: 4 << 20,
-            batch_messages_max: 1000,
-            batch_bytes_max: 4 << 20,
-            properties_bytes_max: 32 << 10,
-            queues_per_topic_max: 1024,
+            body_bytes_max: limits::BODY_BYTES_MAX,
+            batch_messages_max: limits::BATCH_MESSAGES_MAX,
+            batch_bytes_max: limits::BATCH_BYTES_MAX,
+            properties_bytes_max: limits::PROPERTIES_BYTES_MAX,
+            queues_per_topic_max: limits::QUEUES_PER_TOPIC_MAX,
             pull_messages_max: 1000,
             pull_wait_ms_max: 30_000,
             inflight_sends_max: 4096,
         }
     }
 }
+
+impl Limits {
+    /// The send limits this node enforces, as it publishes them to the nameservers (and so to
+    /// clients).
+    pub fn send_limits(&self) -> SendLimits {
+        SendLimits {
+            body_bytes_max: self.body_bytes_max,
+            properties_bytes_max: self.properties_bytes_max,
+            batch_messages_max: self.batch_messages_max,
+            batch_bytes_max: self.batch_bytes_max,
+        }
+    }
+}
+
+// raft-log caps one entry's payload at the contract's value: a `Send` the API accepts is storable.
+const _: () = assert!(
+    raftmq_raft_log::log_store::record::PAYLOAD_BYTES_MAX as usize == limits::LOG_PAYLOAD_BYTES_MAX
+);
 
 /// Thresholds of the read hint (DESIGN.md "The read hint").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,23 +179,10 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Topic, group, cluster and broker names: `^[A-Za-z0-9_%|-]{1,127}$`.
+/// Topic, group, cluster and broker names: `^[A-Za-z0-9_%|-]{1,127}$` (the contract's rule,
+/// [`raftmq_proto::limits::check_name`]); the error is the sentence to show.
 pub fn check_name(kind: &str, name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 127 {
-        return Err(format!(
-            "{kind} name must be 1 to 127 characters, got {}",
-            name.len()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '%' | '|' | '-')))
-    {
-        return Err(format!(
-            "{kind} name {name:?} has the character {c:?}; allowed are A-Z a-z 0-9 _ % | -"
-        ));
-    }
-    Ok(())
+    limits::check_name(kind, name).map_err(|e| e.to_string())
 }
 
 impl Config {
@@ -255,8 +263,14 @@ impl Config {
         }
         self.raft.validate().map_err(|e| invalid(e.key, e.reason))?;
         let l = &self.limits;
-        if l.body_bytes_max == 0 || l.body_bytes_max > 64 << 20 {
-            return Err(invalid("limits.body_bytes_max", "must be 1 byte to 64 MiB"));
+        if l.body_bytes_max == 0 || l.body_bytes_max > limits::BODY_BYTES_CONFIG_MAX {
+            return Err(invalid(
+                "limits.body_bytes_max",
+                format!(
+                    "must be 1 byte to {} MiB",
+                    limits::BODY_BYTES_CONFIG_MAX >> 20
+                ),
+            ));
         }
         if l.batch_messages_max == 0 {
             return Err(invalid("limits.batch_messages_max", "must be at least 1"));

@@ -1,5 +1,8 @@
 //! Registration with every nameserver: at start, every `register_interval_ms`, and at once when the
 //! role, term, leader or topics change (so routes follow an election within a second).
+//!
+//! A registration also carries the send limits this node enforces, which the nameservers hand to
+//! clients in each route: a client checks a batch against the group it sends to.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +38,7 @@ fn request(node: &Node) -> RegisterRequest {
         committed: st.committed,
         applied: st.applied,
         topics,
+        limits: Some(node.cfg.limits.send_limits().to_wire()),
     }
 }
 

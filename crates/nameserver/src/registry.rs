@@ -20,6 +20,11 @@
 //!   and a deletion takes effect as soon as the leader re-registers, even while followers still
 //!   report the topic. Without a leader (an election is running), the union of what the live
 //!   nodes report, the queue count taken from the node with the highest term.
+//! - **Send limits of a group** (carried in each route, so clients check against the group they
+//!   send to): the leader's report, since the leader checks sends; without a leader, or when the
+//!   leader reported none, the strictest of the live nodes' reports, field by field (any of them
+//!   may be the next leader). A field reported as 0 is unknown and takes no part; no report at all
+//!   leaves the route's limits unset.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -27,17 +32,20 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use raftmq_proto::v1::{
-    BrokerInfo, BrokerRoute, ClusterInfo, NodeInfo, RegisterRequest, RouteNode, TopicQueues,
+    BrokerInfo, BrokerRoute, ClusterInfo, NodeInfo, RegisterRequest, RouteNode, SendLimits,
+    TopicQueues,
 };
 
 use crate::error::Error;
 
 /// How long a node stays registered without refreshing, unless configured otherwise.
 pub const EXPIRY_DEFAULT: Duration = Duration::from_secs(120);
-/// Longest topic, cluster or broker name.
-pub const NAME_LEN_MAX: usize = 127;
-/// Most queues a topic may have on one broker group.
-pub const QUEUES_PER_TOPIC_MAX: u32 = 1_024;
+/// Longest topic, cluster or broker name (the contract's, re-exported).
+pub use raftmq_proto::limits::NAME_LEN_MAX;
+/// Most queues a topic may have on one broker group (the contract's, re-exported).
+pub use raftmq_proto::limits::QUEUES_PER_TOPIC_MAX;
+/// Whether a name may hold a character (the contract's rule, re-exported).
+pub use raftmq_proto::limits::is_name_char;
 /// Most topics one registration may report (a bound on the memory one request can claim).
 pub const TOPICS_PER_REGISTRATION_MAX: usize = 100_000;
 /// Longest host part of an address (the DNS limit).
@@ -117,6 +125,8 @@ struct Node {
     committed: u64,
     applied: u64,
     topics: BTreeMap<String, u32>,
+    /// The send limits it reported, if any.
+    limits: Option<SendLimits>,
     last_seen: Instant,
 }
 
@@ -136,6 +146,7 @@ struct GroupView<'a> {
     term: u64,
     stale: BTreeSet<u64>,
     topics: BTreeMap<&'a str, u32>,
+    limits: Option<SendLimits>,
 }
 
 /// The in-memory registry of broker nodes and topic routes.
@@ -242,6 +253,7 @@ impl Registry {
             committed: req.committed,
             applied: req.applied,
             topics,
+            limits: req.limits,
             last_seen: now,
         };
         self.groups
@@ -322,6 +334,7 @@ impl Registry {
                 leader_id: view.leader,
                 queues,
                 term: view.term,
+                limits: view.limits,
                 nodes: view
                     .live
                     .iter()
@@ -433,11 +446,16 @@ impl Registry {
                 }
             }
         }
+        let leader_limits = leader
+            .and_then(|id| live.iter().find(|(i, _)| *i == id))
+            .and_then(|(_, l)| l.limits);
+        let limits = leader_limits.or_else(|| strictest(live.iter().filter_map(|(_, n)| n.limits)));
         Some(GroupView {
             live,
             leader,
             term,
             stale,
+            limits,
             topics,
         })
     }
@@ -447,34 +465,28 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Checks a topic, cluster or broker name against `^[A-Za-z0-9_%|-]{1,127}$`.
-pub fn check_name(field: &str, name: &str) -> Result<(), Error> {
-    if name.is_empty() {
-        return Err(Error::invalid(field, "is missing (empty)"));
+/// The field-by-field minimum of several nodes' limits, a 0 (unknown) field taking no part;
+/// `None` for no report.
+fn strictest(reports: impl Iterator<Item = SendLimits>) -> Option<SendLimits> {
+    fn min_known(a: u64, b: u64) -> u64 {
+        match (a, b) {
+            (0, x) | (x, 0) => x,
+            (a, b) => a.min(b),
+        }
     }
-    if name.len() > NAME_LEN_MAX {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "is {} characters long; at most {NAME_LEN_MAX} allowed",
-                name.len()
-            ),
-        ));
-    }
-    if let Some(c) = name.chars().find(|&c| !is_name_char(c)) {
-        return Err(Error::invalid(
-            field,
-            format!(
-                "{name:?} contains {c:?}; only letters A-Z a-z, digits, '_', '%', '|' and '-' are allowed"
-            ),
-        ));
-    }
-    Ok(())
+    reports.reduce(|a, b| SendLimits {
+        body_bytes_max: min_known(a.body_bytes_max, b.body_bytes_max),
+        properties_bytes_max: min_known(a.properties_bytes_max, b.properties_bytes_max),
+        batch_messages_max: min_known(a.batch_messages_max, b.batch_messages_max),
+        batch_bytes_max: min_known(a.batch_bytes_max, b.batch_bytes_max),
+    })
 }
 
-/// Whether a name may hold `c` (the class `[A-Za-z0-9_%|-]`).
-pub fn is_name_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '%' | '|' | '-')
+/// Checks a topic, cluster or broker name against the contract's rule
+/// `^[A-Za-z0-9_%|-]{1,127}$` ([`raftmq_proto::limits::check_name`]), naming `field` in the error.
+pub fn check_name(field: &str, name: &str) -> Result<(), Error> {
+    raftmq_proto::limits::check_name(field, name)
+        .map_err(|e| Error::invalid(field, e.problem.reason()))
 }
 
 /// Checks that `address` is `host:port` with a non-zero port: an IPv4 or bracketed IPv6 socket
@@ -593,6 +605,7 @@ mod tests {
                     queues: q,
                 })
                 .collect(),
+            limits: None,
         }
     }
 
@@ -1197,5 +1210,75 @@ mod tests {
             .map(|b| (b.cluster.as_str(), b.queues))
             .collect();
         assert_eq!(got, [("DefaultCluster", 8), ("Other", 2)]);
+    }
+
+    fn limits(body: u64, batch_bytes: u64) -> SendLimits {
+        SendLimits {
+            body_bytes_max: body,
+            properties_bytes_max: 1024,
+            batch_messages_max: 10,
+            batch_bytes_max: batch_bytes,
+        }
+    }
+
+    /// Registers node `id` of `broker-a` reporting `l`.
+    fn with_limits(r: &mut Registry, id: u64, role: &str, l: Option<SendLimits>, now: Instant) {
+        let mut q = reg("broker-a", id, role, 2, &[("orders", 4)]);
+        q.limits = l;
+        r.register(&q, now).unwrap();
+    }
+
+    #[test]
+    fn t90_route_carries_the_limits_the_leader_reports() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(EXPIRY);
+        with_limits(&mut r, 1, "leader", Some(limits(4096, 1 << 20)), t0);
+        with_limits(&mut r, 2, "follower", Some(limits(100, 200)), t0);
+        let route = &r.route("orders", t0).unwrap()[0];
+        assert_eq!(route.limits, Some(limits(4096, 1 << 20)));
+        // A new registration replaces what the node reported before.
+        with_limits(
+            &mut r,
+            1,
+            "leader",
+            Some(limits(512, 1 << 20)),
+            t0 + secs(1),
+        );
+        let route = &r.route("orders", t0 + secs(1)).unwrap()[0];
+        assert_eq!(route.limits.map(|l| l.body_bytes_max), Some(512));
+    }
+
+    #[test]
+    fn t91_without_a_leader_the_strictest_report_per_field() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(EXPIRY);
+        with_limits(&mut r, 1, "follower", Some(limits(4096, 1 << 20)), t0);
+        with_limits(&mut r, 2, "candidate", Some(limits(8192, 1000)), t0);
+        // 0 is unknown: it takes no part in the minimum.
+        with_limits(&mut r, 3, "follower", Some(limits(0, 0)), t0);
+        let route = &r.route("orders", t0).unwrap()[0];
+        assert_eq!(route.leader_id, None);
+        assert_eq!(route.limits, Some(limits(4096, 1000)));
+        // A leader that reports none does not hide its followers' reports.
+        with_limits(&mut r, 3, "leader", None, t0);
+        let route = &r.route("orders", t0).unwrap()[0];
+        assert_eq!(route.leader_id, Some(3));
+        assert_eq!(route.limits, Some(limits(4096, 1000)));
+    }
+
+    #[test]
+    fn t92_no_report_leaves_the_limits_unset_and_expired_reports_go() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(EXPIRY);
+        with_limits(&mut r, 1, "leader", None, t0);
+        assert_eq!(r.route("orders", t0).unwrap()[0].limits, None);
+        with_limits(&mut r, 2, "follower", Some(limits(10, 10)), t0);
+        with_limits(&mut r, 1, "leader", None, t0 + secs(100));
+        assert_eq!(
+            r.route("orders", t0 + secs(100)).unwrap()[0].limits,
+            Some(limits(10, 10))
+        );
+        // Node 2 expires: its report no longer counts.
+        assert_eq!(r.route("orders", t0 + EXPIRY).unwrap()[0].limits, None);
     }
 }

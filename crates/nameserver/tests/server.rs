@@ -75,6 +75,7 @@ fn registration(id: u64, role: &str, term: u64, topics: &[(&str, u32)]) -> Regis
                 queues: q,
             })
             .collect(),
+        limits: None,
     }
 }
 

@@ -9,6 +9,8 @@
 //! - [`load`]: background senders and the read-back loss check (demo, failover bench).
 //! - [`local_cluster`]: starting and killing local nameserver and broker-node processes; the one
 //!   place that spawns processes.
+//! - [`probe`]: the one polling loop (`wait_for`) and the one leader search of every harness
+//!   (local cluster, process-cluster tests, deploy tests).
 //! - [`servers`]: the hidden `run-nameserver` / `run-broker-node` subcommands.
 //! - [`signals`]: Ctrl-C / SIGTERM.
 //!
@@ -20,6 +22,7 @@ pub mod commands;
 pub mod load;
 pub mod local_cluster;
 pub mod output;
+pub mod probe;
 pub mod servers;
 pub mod signals;
 pub mod stats;

@@ -18,10 +18,12 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use raftmq_client::{Admin, NodeStatusResponse};
+
+use crate::probe::{Leader, LeaderRule, RoleView, find_leader, wait_for};
 
 /// Whether this executable can run the servers itself (`run-nameserver`, `run-broker-node`).
 pub const SERVERS_BUILT_IN: bool = crate::servers::BUILT_IN;
@@ -410,28 +412,36 @@ impl LocalCluster {
         futures::future::join_all(calls).await
     }
 
+    /// The views of the running nodes for [`find_leader`] (`None`: running, not answering).
+    pub async fn role_views(&self, admin: &Admin) -> Vec<(u64, Option<RoleView>)> {
+        self.statuses(admin)
+            .await
+            .into_iter()
+            .filter(|(id, _)| self.is_running(*id))
+            .map(|(id, s)| (id, s.as_ref().map(RoleView::from)))
+            .collect()
+    }
+
+    /// The leader with the highest term among the nodes that answer.
+    pub async fn live_leader(&self, admin: &Admin) -> Option<Leader> {
+        find_leader(&self.role_views(admin).await, LeaderRule::HighestTerm).ok()
+    }
+
     /// Waits until every running node answers, one leads, and the nameserver knows that leader.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(u64, String)> {
         let admin = Admin::connect(&self.nameserver)?;
-        let start = Instant::now();
-        loop {
-            let last;
-            self.check_children()?;
-            let statuses = self.statuses(&admin).await;
-            let running = statuses
-                .iter()
-                .filter(|(id, _)| self.is_running(*id))
-                .count();
-            let answered = statuses.iter().filter(|(_, s)| s.is_some()).count();
-            let leader = statuses
-                .iter()
-                .filter_map(|(_, s)| s.as_ref())
-                .filter(|s| s.role == "leader")
-                .max_by_key(|s| s.term)
-                .map(|s| s.node_id);
-            if answered == running
-                && let Some(leader) = leader
-            {
+        let waited = wait_for(
+            "the local cluster to be ready",
+            timeout,
+            Duration::from_millis(50),
+            async || -> Result<Result<(u64, String)>, String> {
+                if let Err(e) = self.check_children() {
+                    return Ok(Err(e));
+                }
+                let views = self.role_views(&admin).await;
+                let leader = find_leader(&views, LeaderRule::HighestTermAllAnswer)
+                    .map_err(|e| format!("{e} (of {} running nodes)", views.len()))?
+                    .node_id;
                 match admin.leader_of(&self.broker).await {
                     Ok(Some((id, addr))) if id == leader => {
                         let registered = admin
@@ -439,22 +449,21 @@ impl LocalCluster {
                             .await
                             .is_ok_and(|b| b.contains(&self.broker));
                         if registered {
-                            return Ok((id, addr));
+                            return Ok(Ok((id, addr)));
                         }
-                        last = "the broker group is not registered yet".into();
+                        Err("the broker group is not registered yet".into())
                     }
-                    Ok(_) => {
-                        last = format!("node {leader} leads; the nameserver does not know yet")
-                    }
-                    Err(e) => last = e.to_string(),
+                    Ok(_) => Err(format!(
+                        "node {leader} leads; the nameserver does not know yet"
+                    )),
+                    Err(e) => Err(e.to_string()),
                 }
-            } else {
-                last = format!("{answered} of {running} nodes answer, leader: {leader:?}");
-            }
-            if start.elapsed() > timeout {
-                bail!("local cluster not ready after {timeout:?}: {last}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            },
+        )
+        .await;
+        match waited {
+            Ok(ready) => ready,
+            Err(e) => bail!("local cluster not ready: {e}"),
         }
     }
 

@@ -651,13 +651,9 @@ async fn producer_close(p: Arc<Producer>) {
 /// The leader with the highest term among the nodes that answer: (node id, term).
 pub async fn live_leader(cluster: &LocalCluster, admin: &Admin) -> Option<(u64, u64)> {
     cluster
-        .statuses(admin)
+        .live_leader(admin)
         .await
-        .into_iter()
-        .filter_map(|(_, s)| s)
-        .filter(|s| s.role == "leader")
-        .max_by_key(|s| s.term)
-        .map(|s| (s.node_id, s.term))
+        .map(|l| (l.node_id, l.term))
 }
 
 /// Waits until, for a full second, every node runs and answers, one leads, the others follow in

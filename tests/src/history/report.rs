@@ -1,0 +1,320 @@
+//! The result of a check: counts per kind of problem, liveness per fault, excerpts of the history,
+//! and how it prints.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::faults::FaultKind;
+use super::workload::QueueSum;
+use super::{EXCERPTS_MAX, FaultEvent, Op, Outcome};
+
+// ---------------------------------------------------------------------------------------------
+// Checking
+
+#[derive(Debug, Default, Clone)]
+pub struct FaultLiveness {
+    pub kind: Option<FaultKind>,
+    /// Longest time without any acknowledgement from the fault to the next fault (or load end).
+    pub max_gap: Duration,
+    /// From healing to the first acknowledgement after it.
+    pub after_heal: Duration,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub ops: u64,
+    pub acked_ops: u64,
+    pub acked_msgs: u64,
+    pub failed_ops: u64,
+    pub unknown_ops: u64,
+    pub read_msgs: u64,
+    pub lost: u64,
+    pub lost_prefix: u64,
+    pub lost_middle: u64,
+    pub lost_suffix: u64,
+    pub misplaced: u64,
+    pub unexpected: u64,
+    pub aborted: u64,
+    pub divergent: u64,
+    pub missing: u64,
+    pub order: u64,
+    pub duplicates: u64,
+    pub offsets_backwards: u64,
+    pub offset_commits: u64,
+    pub read_errors: u64,
+    pub faults: Vec<FaultEvent>,
+    pub liveness: Vec<FaultLiveness>,
+    pub excerpts: Vec<String>,
+    /// Large-log mode: the fill and the check of [`FILL_TOPIC`].
+    pub fill: Option<Box<FillReport>>,
+}
+
+/// The fill of a large-log round and what every node held of it at the end.
+#[derive(Debug, Default)]
+pub struct FillReport {
+    pub stats: FillStats,
+    /// [`check`] of the fill's history against every node's compacted read ([`read_fill`]).
+    pub check: Report,
+    /// Per node, per queue of [`FILL_TOPIC`].
+    pub sums: BTreeMap<u64, Vec<QueueSum>>,
+    /// Every node holds the same messages, offsets and bodies in every queue of the fill.
+    pub sums_identical: bool,
+    /// Reading the fill back from every node (concurrently) and compacting it.
+    pub read_took: Duration,
+    pub check_took: Duration,
+}
+
+impl FillReport {
+    pub fn is_ok(&self) -> bool {
+        self.check.is_ok() && self.sums_identical
+    }
+}
+
+/// How the fill of a large-log round went.
+#[derive(Clone, Debug, Default)]
+pub struct FillStats {
+    pub target_bytes: u64,
+    pub sends: u64,
+    pub acked_sends: u64,
+    pub acked_bytes: u64,
+    pub took: Duration,
+    /// The fill timeout passed before every send was acknowledged.
+    pub timed_out: bool,
+    /// From the end of the fill until every node had applied the leader's commit index.
+    pub converged_after: Duration,
+}
+
+impl FillStats {
+    pub fn acked_mib(&self) -> f64 {
+        self.acked_bytes as f64 / (1u64 << 20) as f64
+    }
+
+    pub fn mib_per_sec(&self) -> f64 {
+        self.acked_mib() / self.took.as_secs_f64().max(1e-3)
+    }
+}
+
+impl Report {
+    pub fn is_ok(&self) -> bool {
+        self.lost
+            + self.misplaced
+            + self.unexpected
+            + self.aborted
+            + self.divergent
+            + self.missing
+            + self.order
+            + self.duplicates
+            + self.offsets_backwards
+            + self.read_errors
+            == 0
+            && self.fill.as_ref().is_none_or(|f| f.is_ok())
+    }
+
+    pub(super) fn excerpt(&mut self, s: String) {
+        if self.excerpts.len() < EXCERPTS_MAX {
+            self.excerpts.push(s);
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "seed {}: ops {} (acked {}, failed {}, unknown {}), acked msgs {}, read msgs {}, \
+             offset commits {}",
+            self.seed,
+            self.ops,
+            self.acked_ops,
+            self.failed_ops,
+            self.unknown_ops,
+            self.acked_msgs,
+            self.read_msgs,
+            self.offset_commits
+        )?;
+        writeln!(
+            f,
+            "  lost {} (prefix {}, middle {}, suffix {}), misplaced {}, unexpected {}, aborted {}, \
+             divergent {}, missing {}, order {}, duplicates {}, offsets backwards {}, read errors {}",
+            self.lost,
+            self.lost_prefix,
+            self.lost_middle,
+            self.lost_suffix,
+            self.misplaced,
+            self.unexpected,
+            self.aborted,
+            self.divergent,
+            self.missing,
+            self.order,
+            self.duplicates,
+            self.offsets_backwards,
+            self.read_errors
+        )?;
+        for (fe, l) in self.faults.iter().zip(&self.liveness) {
+            writeln!(
+                f,
+                "  fault {:<27} nodes {:?} at {:>8.3}s healed +{:.3}s converged +{:.3}s; \
+                 longest without ack {:.3}s, first ack after heal {:.3}s {}",
+                fe.kind.name(),
+                fe.nodes,
+                fe.start.as_secs_f64(),
+                (fe.healed - fe.start).as_secs_f64(),
+                (fe.converged - fe.start).as_secs_f64(),
+                l.max_gap.as_secs_f64(),
+                l.after_heal.as_secs_f64(),
+                fe.note.replace('\n', "; ")
+            )?;
+            let mut extra = String::new();
+            if let (Some(a), Some(b)) = (fe.term_before, fe.term_after) {
+                write!(extra, "term {a} -> {b}").ok();
+                if fe.kind.leaves_leader() && b > a {
+                    extra.push_str(" (RISEN by a follower fault)");
+                }
+            }
+            if let Some(cu) = &fe.catch_up {
+                write!(
+                    extra,
+                    "; node {} {} log index {} (of {}) {:.3}s after the heal",
+                    cu.node,
+                    if cu.caught_up {
+                        "caught up to"
+                    } else {
+                        "DID NOT CATCH UP, reached"
+                    },
+                    cu.reached,
+                    cu.target,
+                    cu.took.as_secs_f64()
+                )
+                .ok();
+            }
+            if !extra.is_empty() {
+                writeln!(f, "        {extra}")?;
+            }
+        }
+        for e in &self.excerpts {
+            writeln!(f, "  --- {e}")?;
+        }
+        if let Some(fill) = &self.fill {
+            let st = &fill.stats;
+            writeln!(
+                f,
+                "  fill: {:.0} of {:.0} MiB acknowledged ({} of {} sends) in {:.1}s, {:.1} MiB/s{}; \
+                 every node applied it {:.1}s later; read back from every node in {:.1}s, \
+                 checked in {:.1}s",
+                st.acked_mib(),
+                st.target_bytes as f64 / (1u64 << 20) as f64,
+                st.acked_sends,
+                st.sends,
+                st.took.as_secs_f64(),
+                st.mib_per_sec(),
+                if st.timed_out {
+                    " (FILL TIMED OUT)"
+                } else {
+                    ""
+                },
+                st.converged_after.as_secs_f64(),
+                fill.read_took.as_secs_f64(),
+                fill.check_took.as_secs_f64()
+            )?;
+            for line in fill.check.to_string().lines() {
+                writeln!(f, "  fill {line}")?;
+            }
+            for (id, qs) in &fill.sums {
+                let v: Vec<String> = qs
+                    .iter()
+                    .enumerate()
+                    .map(|(q, s)| {
+                        format!(
+                            "q{q} {} msgs next {} sum {:016x}",
+                            s.messages, s.next_offset, s.checksum
+                        )
+                    })
+                    .collect();
+                writeln!(f, "  fill node {id}: {}", v.join(", "))?;
+            }
+            writeln!(
+                f,
+                "  fill identical on every node: {}",
+                if fill.sums_identical { "yes" } else { "NO" }
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn fmt_op(o: &Op) -> String {
+    let out = match &o.outcome {
+        Outcome::Acked {
+            offsets,
+            by,
+            duplicate,
+        } => format!(
+            "ACKED by {by} offsets {}..={}{}",
+            offsets.first().copied().unwrap_or(0),
+            offsets.last().copied().unwrap_or(0),
+            if *duplicate { " (duplicate)" } else { "" }
+        ),
+        Outcome::Failed(w) => format!("FAILED {w}"),
+        Outcome::Unknown(w) => format!("UNKNOWN {w}"),
+    };
+    format!(
+        "p{} s{} q{} x{} [{:.3}s..{:.3}s] {} attempts: {out}",
+        o.producer,
+        o.seq,
+        o.queue,
+        o.count,
+        o.start.as_secs_f64(),
+        o.end.as_secs_f64(),
+        o.attempts
+    )
+}
+
+/// The sends of `producer` around `seq` and the faults within 3 s of them.
+pub(super) fn op_context(
+    ops: &BTreeMap<(u64, u64), Op>,
+    faults: &[FaultEvent],
+    producer: u64,
+    seq: u64,
+) -> String {
+    let mut s = String::new();
+    let lo = seq.saturating_sub(3);
+    let mut span: Option<(Duration, Duration)> = None;
+    for ((_, q), o) in ops.range((producer, lo)..=(producer, seq + 3)) {
+        let mark = if *q == seq { ">>" } else { "  " };
+        writeln!(s, "      {mark} {}", fmt_op(o)).ok();
+        span = Some(match span {
+            None => (o.start, o.end),
+            Some((a, b)) => (a.min(o.start), b.max(o.end)),
+        });
+    }
+    if let Some((a, b)) = span {
+        let margin = Duration::from_secs(3);
+        for fe in faults {
+            if fe.converged + margin >= a && fe.start <= b + margin {
+                writeln!(
+                    s,
+                    "         fault {} nodes {:?} [{:.3}s..healed {:.3}s..converged {:.3}s] {}",
+                    fe.kind.name(),
+                    fe.nodes,
+                    fe.start.as_secs_f64(),
+                    fe.healed.as_secs_f64(),
+                    fe.converged.as_secs_f64(),
+                    fe.note.replace('\n', "; ")
+                )
+                .ok();
+            }
+        }
+    }
+    s
+}
+
+pub(super) fn body_str(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    if s.len() > 40 {
+        format!("{}…({} bytes)", &s[..s.floor_char_boundary(40)], b.len())
+    } else {
+        s.into_owned()
+    }
+}

@@ -116,6 +116,25 @@ pub fn decide(
     }
 }
 
+/// Adjusts the hint [`decide`] chose for a pull that served nothing because this node no longer
+/// holds the entry the consumer needs (it was purged here, or lies before a snapshot this node
+/// installed): the leader holds it, so the consumer goes there, if a leader is known. Otherwise, or
+/// when something was served, the decided hint stands.
+pub fn redirect_when_not_held(
+    decided: Hint,
+    not_held_here: bool,
+    leader: Option<(u64, String)>,
+) -> Hint {
+    match leader {
+        Some((node_id, address)) if not_held_here => Hint {
+            node_id,
+            address,
+            reason: "entry not held here",
+        },
+        _ => decided,
+    }
+}
+
 /// FNV-1a: stable across processes and releases, unlike std's hasher.
 fn stable_hash(s: &str, q: u32) -> u64 {
     let mut h: u64 = 0xcbf29ce484222325;
@@ -239,6 +258,43 @@ mod tests {
         assert_eq!(
             decide((2, "n2:1"), &fine, &pos(10, 10, 0), &CFG, 500).node_id,
             2
+        );
+    }
+
+    fn stay_on(id: u64) -> Hint {
+        Hint {
+            node_id: id,
+            address: format!("n{id}:1"),
+            reason: "follower is caught up",
+        }
+    }
+
+    /// A pull that found its entry missing here goes to the leader, whatever `decide` chose.
+    #[test]
+    fn entry_not_held_here_redirects_to_the_leader() {
+        let h = redirect_when_not_held(stay_on(2), true, Some((1, "n1:1".into())));
+        assert_eq!(
+            h,
+            Hint {
+                node_id: 1,
+                address: "n1:1".into(),
+                reason: "entry not held here",
+            }
+        );
+    }
+
+    /// Without a known leader (an election), the decided hint stands: there is nowhere better.
+    #[test]
+    fn entry_not_held_without_a_leader_keeps_the_decision() {
+        assert_eq!(redirect_when_not_held(stay_on(2), true, None), stay_on(2));
+    }
+
+    /// When the entry is held (or messages were served), the decided hint stands.
+    #[test]
+    fn entry_held_keeps_the_decision() {
+        assert_eq!(
+            redirect_when_not_held(stay_on(2), false, Some((1, "n1:1".into()))),
+            stay_on(2)
         );
     }
 }

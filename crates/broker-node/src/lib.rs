@@ -3,7 +3,10 @@
 //! - [`config`]: the TOML config, flags and environment, validation naming the bad key.
 //! - [`command`]: the commands replicated through the Raft log and the replies of the state machine.
 //! - [`state`]: the state machine: topics, queues, offsets, consume-queue index, producer windows.
-//! - [`service`]: the public `BrokerService` and the `AdminService`, errors mapped to stable codes.
+//! - [`service`]: the public `BrokerService` and the `AdminService`, split by role (send, reads,
+//!   admin, status).
+//! - [`error`]: the services' one error type, grouped by what the caller does next, and its one
+//!   mapping to the wire (stable codes, the leader hint).
 //! - [`hint`]: the read hint, a pure decision.
 //! - [`register`]: registration with every nameserver.
 //! - [`retention`]: retention by age and disk watermarks (trim, compaction, DISK_FULL).
@@ -15,6 +18,7 @@
 
 pub mod command;
 pub mod config;
+pub mod error;
 pub mod hint;
 pub mod metrics;
 pub mod node;
@@ -132,6 +136,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     serve(cfg, shutdown_signal()).await
 }
 
+/// An error and its causes on one line, outermost first, as anyhow's `{:#}` prints them, except
+/// that a cause is not printed again when the text so far already ends with it. anyhow assumes each
+/// error's message leaves out its source; an error that includes its source's text in its message
+/// and also returns it from `source()` (a common `thiserror` pattern: `"…: {source}"` with
+/// `#[source]`) would otherwise print that cause twice.
+pub fn error_report(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.is_empty() {
+            out = text;
+        } else if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 /// The log filter when `RUST_LOG` is not set. openraft's own warnings repeat on every failed
 /// attempt (each heartbeat to a dead peer, 20 a second); the member logs a peer's changes of state
 /// and a periodic summary itself. `RUST_LOG=info,openraft=warn` shows openraft's too.
@@ -200,4 +223,64 @@ fn spawn_readiness(node: Arc<node::Node>, reporter: tonic_health::server::Health
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its source in its own message and returns it from `source()` too.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot create the data dir: {source}")]
+    struct RepeatsSource {
+        #[source]
+        source: std::io::Error,
+    }
+
+    /// An error that leaves its source out of its message, as anyhow expects.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot create the data dir")]
+    struct OmitsSource {
+        #[source]
+        source: std::io::Error,
+    }
+
+    fn not_found() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")
+    }
+
+    /// 1. Regression: `broker-node --data-dir /proc/nope` printed the I/O cause twice ("…: no
+    ///    such file: no such file") because the storage error repeated its source in its message;
+    ///    the report prints a cause its parent already ends with once.
+    #[test]
+    fn t1_a_cause_repeated_in_its_parent_is_printed_once() {
+        let err = anyhow::Error::new(RepeatsSource {
+            source: not_found(),
+        })
+        .context("cannot start the Raft member");
+        assert_eq!(
+            error_report(&err),
+            "cannot start the Raft member: cannot create the data dir: no such file"
+        );
+    }
+
+    /// 2. An error chain whose messages leave out their sources prints every cause, as `{:#}` does.
+    #[test]
+    fn t2_a_chain_without_repeats_prints_every_cause() {
+        let err = anyhow::Error::new(OmitsSource {
+            source: not_found(),
+        })
+        .context("cannot start the Raft member");
+        assert_eq!(error_report(&err), format!("{err:#}"));
+        assert_eq!(
+            error_report(&err),
+            "cannot start the Raft member: cannot create the data dir: no such file"
+        );
+    }
+
+    /// 3. A single error prints as itself.
+    #[test]
+    fn t3_a_lone_error_prints_as_itself() {
+        assert_eq!(error_report(&anyhow::anyhow!("boom")), "boom");
+    }
 }

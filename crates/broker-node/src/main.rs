@@ -12,7 +12,7 @@ struct Cli {
 async fn main() {
     let cli = Cli::parse();
     if let Err(e) = raftmq_broker_node::run(cli.args).await {
-        eprintln!("broker-node: {e:#}");
+        eprintln!("broker-node: {}", raftmq_broker_node::error_report(&e));
         std::process::exit(1);
     }
 }

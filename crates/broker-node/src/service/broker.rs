@@ -1,0 +1,245 @@
+//! The public `BrokerService`: each handler answers failures in its reply's `error` field (never a
+//! gRPC status), through [`crate::error::Error::to_proto`]. Sending lives in [`super::send`],
+//! pulling in [`super::reads`]; consumer offsets, topics and group membership are here.
+
+use std::time::Instant;
+
+use raftmq_proto::v1::broker_service_server::BrokerService;
+use raftmq_proto::v1::{
+    CommitOffsetRequest, CommitOffsetResponse, CreateTopicRequest, CreateTopicResponse,
+    DeleteTopicRequest, DeleteTopicResponse, FetchOffsetRequest, FetchOffsetResponse,
+    HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListTopicsRequest,
+    ListTopicsResponse, NodeRef, NodeStatusRequest, NodeStatusResponse, PullRequest, PullResponse,
+    SendRequest, SendResponse, TopicConfig,
+};
+use tonic::{Request, Response, Status};
+
+use super::{Broker, grpc_timeout};
+use crate::command::{Command, Reply};
+use crate::config::check_name;
+use crate::error::{Error, Internal, Refused, Result, reply_field};
+use crate::node::SESSION_TIMEOUT;
+
+#[tonic::async_trait]
+impl BrokerService for Broker {
+    async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
+        let caller_timeout = grpc_timeout(req.metadata());
+        let reply = self
+            .send_batch(req.into_inner(), caller_timeout)
+            .await
+            .unwrap_or_else(|err| SendResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            });
+        Ok(Response::new(reply))
+    }
+
+    async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        let req = req.into_inner();
+        let me = NodeRef {
+            node_id: self.node.cfg.node_id,
+            address: self.node.address.clone(),
+        };
+        let reply = match self.pull_messages(&req).await {
+            Ok(reply) => reply,
+            // The range the queue holds, so the consumer can reset to an offset inside it.
+            Err(Error::Refused(Refused::OffsetOutOfRange { offset, min, max })) => PullResponse {
+                error: Some(Error::from(Refused::OffsetOutOfRange { offset, min, max }).into()),
+                min_offset: min,
+                max_offset: max,
+                next_offset: offset.clamp(min, max),
+                ..Default::default()
+            },
+            Err(err) => PullResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(PullResponse {
+            served_by: Some(me),
+            ..reply
+        }))
+    }
+
+    async fn commit_offset(
+        &self,
+        req: Request<CommitOffsetRequest>,
+    ) -> Result<Response<CommitOffsetResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = async {
+            check_name("group", &req.group).map_err(Error::invalid)?;
+            self.require_leader()?;
+            self.check_topic(&req.topic, req.queue)?;
+            self.propose_for_error(Command::CommitOffset {
+                group: req.group,
+                topic: req.topic,
+                queue: req.queue,
+                offset: req.offset,
+            })
+            .await
+        };
+        Ok(Response::new(CommitOffsetResponse {
+            error: reply_field(outcome.await),
+        }))
+    }
+
+    async fn fetch_offset(
+        &self,
+        req: Request<FetchOffsetRequest>,
+    ) -> Result<Response<FetchOffsetResponse>, Status> {
+        let req = req.into_inner();
+        if let Err(err) = self.check_topic(&req.topic, req.queue) {
+            return Ok(Response::new(FetchOffsetResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            }));
+        }
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let v = st.offsets.get(&(req.group, req.topic, req.queue)).copied();
+        Ok(Response::new(FetchOffsetResponse {
+            error: None,
+            found: v.is_some(),
+            offset: v.unwrap_or(0),
+        }))
+    }
+
+    async fn create_topic(
+        &self,
+        req: Request<CreateTopicRequest>,
+    ) -> Result<Response<CreateTopicResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = async {
+            check_name("topic", &req.name).map_err(Error::invalid)?;
+            let max = self.node.cfg.limits.queues_per_topic_max;
+            if req.queues == 0 || req.queues > max {
+                return Err(Refused::QueueCount {
+                    requested: req.queues,
+                    max,
+                }
+                .into());
+            }
+            self.require_leader()?;
+            let (_, reply) = self
+                .propose(Command::CreateTopic {
+                    name: req.name.clone(),
+                    queues: req.queues,
+                    update: req.update,
+                })
+                .await?;
+            match reply {
+                Reply::Ok => Ok(TopicConfig {
+                    name: req.name,
+                    queues: req.queues,
+                }),
+                other => Err(Error::from_reply(&other).unwrap_or_else(|| {
+                    Internal::UnexpectedReply {
+                        reply: format!("{other:?}"),
+                    }
+                    .into()
+                })),
+            }
+        };
+        let reply = match outcome.await {
+            Ok(topic) => CreateTopicResponse {
+                error: None,
+                topic: Some(topic),
+            },
+            Err(err) => CreateTopicResponse {
+                error: Some(err.into()),
+                topic: None,
+            },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn delete_topic(
+        &self,
+        req: Request<DeleteTopicRequest>,
+    ) -> Result<Response<DeleteTopicResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = async {
+            check_name("topic", &req.name).map_err(Error::invalid)?;
+            self.require_leader()?;
+            self.propose_for_error(Command::DeleteTopic { name: req.name })
+                .await
+        };
+        Ok(Response::new(DeleteTopicResponse {
+            error: reply_field(outcome.await),
+        }))
+    }
+
+    async fn list_topics(
+        &self,
+        _req: Request<ListTopicsRequest>,
+    ) -> Result<Response<ListTopicsResponse>, Status> {
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let topics = st
+            .topic_list()
+            .into_iter()
+            .map(|(name, queues)| TopicConfig { name, queues })
+            .collect();
+        Ok(Response::new(ListTopicsResponse {
+            error: None,
+            topics,
+        }))
+    }
+
+    async fn node_status(
+        &self,
+        _req: Request<NodeStatusRequest>,
+    ) -> Result<Response<NodeStatusResponse>, Status> {
+        Ok(Response::new(self.status_response()))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = (|| {
+            check_name("group", &req.group).map_err(Error::invalid)?;
+            if req.consumer_id.is_empty() || req.consumer_id.len() > 255 {
+                return Err(Refused::ConsumerIdLength.into());
+            }
+            self.require_leader()
+        })();
+        if let Err(err) = outcome {
+            return Ok(Response::new(HeartbeatResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            }));
+        }
+        let members = self
+            .node
+            .heartbeat(&req.group, &req.consumer_id, Instant::now());
+        Ok(Response::new(HeartbeatResponse {
+            error: None,
+            members,
+            session_timeout_ms: SESSION_TIMEOUT.as_millis() as u64,
+        }))
+    }
+
+    async fn leave_group(
+        &self,
+        req: Request<LeaveGroupRequest>,
+    ) -> Result<Response<LeaveGroupResponse>, Status> {
+        let req = req.into_inner();
+        if let Err(err) = self.require_leader() {
+            return Ok(Response::new(LeaveGroupResponse {
+                error: Some(err.into()),
+            }));
+        }
+        self.node.leave(&req.group, &req.consumer_id);
+        Ok(Response::new(LeaveGroupResponse { error: None }))
+    }
+}

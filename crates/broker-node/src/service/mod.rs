@@ -1,0 +1,149 @@
+//! The public client service (`BrokerService`) and the admin service, served by one [`Broker`].
+//!
+//! - [`broker`]: the `BrokerService` handlers (send, pull, offsets, topics, consumer groups).
+//! - [`send`]: the send path, and [`send::validate_send`], the pure check of a batch against the
+//!   limits.
+//! - [`reads`]: the pull path: messages read out of the log, and the read hint for the consumer.
+//! - [`admin`]: the `AdminService` handlers (leadership transfer, membership changes).
+//! - [`status`]: the node status reply.
+//!
+//! Failures travel in each reply's `error` field with a stable code: handlers return
+//! [`crate::error::Error`], and [`crate::error::Error::to_proto`] is the one place that maps it to
+//! the wire. This module holds what the handlers share: the leader checks and proposals.
+
+mod admin;
+mod broker;
+mod reads;
+pub mod send;
+mod status;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftmq_raft_log::Role;
+
+use crate::command::{Command, Reply};
+use crate::config::check_name;
+use crate::error::{Error, Internal, Refused, Result};
+use crate::node::Node;
+
+pub use send::validate_send;
+
+/// Serves both the broker and the admin service of one node.
+#[derive(Clone)]
+pub struct Broker {
+    pub node: Arc<Node>,
+}
+
+/// Longest a send waits on a node that knows no leader (an election) for one to be elected.
+const NO_LEADER_WAIT_MAX: Duration = Duration::from_millis(250);
+
+/// The deadline a gRPC client set (`grpc-timeout`: digits and a unit), if any.
+fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = md.get("grpc-timeout")?.to_str().ok()?;
+    let (n, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+impl Broker {
+    /// Leader check before doing work; followers answer NOT_LEADER with the leader.
+    fn require_leader(&self) -> Result<()> {
+        let st = self.node.member.status();
+        if st.role == Role::Leader {
+            Ok(())
+        } else {
+            Err(Error::NotLeader {
+                leader: st.leader_address(),
+            })
+        }
+    }
+
+    /// [`Self::require_leader`], but while this node knows no leader (an election is running) it
+    /// waits for one — at most `NO_LEADER_WAIT_MAX` and half the caller's deadline — so the
+    /// producer hears of the new leader the moment this node does instead of polling for it.
+    async fn await_leader(&self, caller_timeout: Option<Duration>) -> Result<()> {
+        match self.require_leader() {
+            Err(Error::NotLeader { leader: None }) => {}
+            other => return other,
+        }
+        let wait = caller_timeout.map_or(NO_LEADER_WAIT_MAX, |t| (t / 2).min(NO_LEADER_WAIT_MAX));
+        let mut watch = self.node.member.watch();
+        let _ = tokio::time::timeout(
+            wait,
+            watch.wait_for(|s| s.role == Role::Leader || s.leader.is_some()),
+        )
+        .await;
+        self.require_leader()
+    }
+
+    /// Replicates a command and returns its log index and the state machine's reply.
+    async fn propose(&self, cmd: Command) -> Result<(u64, Reply)> {
+        let (index, bytes) = self.node.member.propose(cmd.encode().into()).await?;
+        let reply = Reply::decode(&bytes).map_err(|err| Internal::BadReply {
+            reason: err.to_string(),
+        })?;
+        Ok((index, reply))
+    }
+
+    /// Proposes a command whose reply carries nothing but success or an error.
+    async fn propose_for_error(&self, cmd: Command) -> Result<()> {
+        let (_, reply) = self.propose(cmd).await?;
+        Error::from_reply(&reply).map_or(Ok(()), Err)
+    }
+
+    /// The topic's name is valid, it exists on this node, and `queue` is one of its queues.
+    fn check_topic(&self, topic: &str, queue: u32) -> Result<()> {
+        check_name("topic", topic).map_err(Error::invalid)?;
+        let st = self
+            .node
+            .member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        match st.topics.get(topic) {
+            None => Err(Refused::TopicNotFound {
+                topic: topic.to_string(),
+                broker: Some(self.node.cfg.broker.clone()),
+            }
+            .into()),
+            Some(t) if queue as usize >= t.queues.len() => Err(Refused::QueueOutOfRange {
+                topic: topic.to_string(),
+                queue,
+                queues: t.queues.len(),
+            }
+            .into()),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        assert_eq!(grpc_timeout(&md), None);
+        for (v, d) in [
+            ("500m", Duration::from_millis(500)),
+            ("3S", Duration::from_secs(3)),
+            ("2M", Duration::from_secs(120)),
+            ("750000u", Duration::from_millis(750)),
+        ] {
+            md.insert("grpc-timeout", v.parse().expect("ascii"));
+            assert_eq!(grpc_timeout(&md), Some(d), "{v}");
+        }
+        md.insert("grpc-timeout", "x".parse().expect("ascii"));
+        assert_eq!(grpc_timeout(&md), None);
+    }
+}

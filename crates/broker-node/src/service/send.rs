@@ -1,0 +1,321 @@
+//! The send path: a batch checked against the limits ([`validate_send`], pure), then refused early
+//! when this leader cannot store it (disk full, cut off, too many in flight), then proposed and
+//! answered once committed — or as soon as its fate is no longer this node's to tell.
+
+use std::time::{Duration, Instant};
+
+use raftmq_proto::v1::{SendRequest, SendResponse, SendResult};
+use raftmq_raft_log::Role;
+
+use super::Broker;
+use crate::command::{Command, Reply, StoredBody, msg_id};
+use crate::config::Limits;
+use crate::error::{Error, Internal, Refused, Result, Unavailable};
+use crate::metrics;
+
+/// Checks a send's batch against the limits: at least one message, at most `batch_messages_max`,
+/// each body and each message's properties within their limits, and the whole batch (bodies,
+/// properties, keys, tags) within `batch_bytes_max`. The first broken rule is the answer.
+pub fn validate_send(req: &SendRequest, limits: &Limits) -> Result<(), Refused> {
+    if req.messages.is_empty() {
+        return Err(Refused::EmptySend);
+    }
+    if req.messages.len() > limits.batch_messages_max {
+        return Err(Refused::TooManyMessages {
+            count: req.messages.len(),
+            max: limits.batch_messages_max,
+        });
+    }
+    let mut total = 0usize;
+    for (index, m) in req.messages.iter().enumerate() {
+        if m.body.len() > limits.body_bytes_max {
+            return Err(Refused::BodyTooLarge {
+                index,
+                bytes: m.body.len(),
+                max: limits.body_bytes_max,
+            });
+        }
+        let props: usize = m.properties.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if props > limits.properties_bytes_max {
+            return Err(Refused::PropertiesTooLarge {
+                index,
+                bytes: props,
+                max: limits.properties_bytes_max,
+            });
+        }
+        total += m.body.len() + props + m.key.len() + m.tag.len();
+    }
+    if total > limits.batch_bytes_max {
+        return Err(Refused::BatchTooLarge {
+            bytes: total,
+            max: limits.batch_bytes_max,
+        });
+    }
+    Ok(())
+}
+
+impl Broker {
+    /// Stores a batch and answers with its offsets, or the reason it was not stored.
+    pub(super) async fn send_batch(
+        &self,
+        req: SendRequest,
+        caller_timeout: Option<Duration>,
+    ) -> Result<SendResponse> {
+        let t0 = Instant::now();
+        // Leadership first: a follower that has not yet applied a new topic must redirect the
+        // producer, not tell it the topic does not exist.
+        self.await_leader(caller_timeout).await?;
+        self.check_topic(&req.topic, req.queue)?;
+        validate_send(&req, &self.node.cfg.limits)?;
+        if self
+            .node
+            .disk_full
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(Unavailable::DiskFull {
+                watermark_pct: self.node.cfg.retention.full_watermark_pct,
+            }
+            .into());
+        }
+        // CheckQuorum: a leader cut off from a majority of its group cannot commit anything.
+        // Refuse before proposing (so nothing is stored), and the producer turns to the other
+        // nodes at once.
+        let mut cut_off = self.node.member.cut_off();
+        if *cut_off.borrow_and_update() {
+            return Err(Unavailable::CutOff.into());
+        }
+        let Ok(_permit) = self.node.inflight.clone().try_acquire_owned() else {
+            return Err(Unavailable::Busy.into());
+        };
+        // The term this node leads as it proposes: the send's fate is no longer this node's to
+        // tell once that leadership ends (stepped down, or a new term began).
+        let mut leadership = self.node.member.leadership();
+        let led_term = {
+            let (role, term) = *leadership.borrow_and_update();
+            (role == Role::Leader).then_some(term)
+        };
+        let count = req.messages.len() as u64;
+        let cmd = Command::Send {
+            topic: req.topic,
+            queue: req.queue,
+            producer_id: req.producer_id,
+            sequence: req.sequence,
+            timestamp_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            messages: req
+                .messages
+                .into_iter()
+                .map(|m| StoredBody {
+                    key: m.key,
+                    tag: m.tag,
+                    body: m.body,
+                    properties: m.properties.into_iter().collect(),
+                })
+                .collect(),
+        };
+        // A leader cut off while the send waits cannot commit it, and one that stopped leading
+        // cannot tell whether it will be: answer as soon as either shows (the outcome is then
+        // unknown: the producer retries with the same id and sequence elsewhere, and the
+        // producer window stores it once) instead of at the caller's timeout.
+        let leadership_ended = async {
+            match led_term {
+                Some(term) => leadership
+                    .wait_for(|&(role, t)| role != Role::Leader || t != term)
+                    .await
+                    .map(|_| ()),
+                None => std::future::pending().await,
+            }
+        };
+        let (_, reply) = tokio::select! {
+            r = self.propose(cmd) => r?,
+            Ok(_) = cut_off.wait_for(|c| *c) => {
+                return Err(Unavailable::CutOffAwaitingCommit.into())
+            }
+            Ok(()) = leadership_ended => {
+                return Err(Unavailable::SteppedDownAwaitingCommit.into())
+            }
+        };
+        let Reply::Sent {
+            queue,
+            first_offset,
+            count: n,
+            log_index,
+            duplicate,
+        } = reply
+        else {
+            return Err(Error::from_reply(&reply).unwrap_or_else(|| {
+                Internal::UnexpectedReply {
+                    reply: format!("{reply:?}"),
+                }
+                .into()
+            }));
+        };
+        if !duplicate {
+            self.node.produced.add(count);
+        }
+        metrics::observe_send(t0.elapsed(), n as u64);
+        let broker = &self.node.cfg.broker;
+        Ok(SendResponse {
+            error: None,
+            results: (0..n)
+                .map(|i| SendResult {
+                    queue,
+                    offset: first_offset + i as u64,
+                    msg_id: msg_id(broker, log_index, i),
+                })
+                .collect(),
+            duplicate,
+            log_index,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use raftmq_proto::v1::Message;
+
+    use super::*;
+
+    /// Small limits, so each boundary is cheap to reach.
+    fn limits() -> Limits {
+        Limits {
+            body_bytes_max: 10,
+            batch_messages_max: 3,
+            batch_bytes_max: 30,
+            properties_bytes_max: 6,
+            ..Limits::default()
+        }
+    }
+
+    fn msg(body: usize, props: &[(&str, &str)]) -> Message {
+        Message {
+            body: vec![b'x'; body].into(),
+            properties: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            ..Default::default()
+        }
+    }
+
+    fn send(messages: Vec<Message>) -> SendRequest {
+        SendRequest {
+            topic: "t".into(),
+            messages,
+            ..Default::default()
+        }
+    }
+
+    /// 1. A send without messages is an invalid argument.
+    #[test]
+    fn t1_empty_batch_is_refused() {
+        assert_eq!(
+            validate_send(&send(vec![]), &limits()),
+            Err(Refused::EmptySend)
+        );
+    }
+
+    /// 2. One message past `batch_messages_max` is too many; exactly the limit passes.
+    #[test]
+    fn t2_message_count_limit_is_inclusive() {
+        assert_eq!(
+            validate_send(&send(vec![msg(1, &[]); 4]), &limits()),
+            Err(Refused::TooManyMessages { count: 4, max: 3 })
+        );
+        assert_eq!(
+            validate_send(&send(vec![msg(1, &[]); 3]), &limits()),
+            Ok(())
+        );
+    }
+
+    /// 3. A body one byte past `body_bytes_max` is refused and names its message; exactly the
+    ///    limit passes.
+    #[test]
+    fn t3_body_limit_is_inclusive_and_names_the_message() {
+        assert_eq!(
+            validate_send(&send(vec![msg(1, &[]), msg(11, &[])]), &limits()),
+            Err(Refused::BodyTooLarge {
+                index: 1,
+                bytes: 11,
+                max: 10
+            })
+        );
+        assert_eq!(validate_send(&send(vec![msg(10, &[])]), &limits()), Ok(()));
+    }
+
+    /// 4. Properties count keys plus values; one byte past `properties_bytes_max` is refused,
+    ///    exactly the limit passes.
+    #[test]
+    fn t4_properties_limit_counts_keys_and_values() {
+        assert_eq!(
+            validate_send(&send(vec![msg(1, &[("abc", "defg")])]), &limits()),
+            Err(Refused::PropertiesTooLarge {
+                index: 0,
+                bytes: 7,
+                max: 6
+            })
+        );
+        assert_eq!(
+            validate_send(&send(vec![msg(1, &[("abc", "def")])]), &limits()),
+            Ok(())
+        );
+    }
+
+    /// 5. The batch counts bodies, properties, keys and tags; one byte past `batch_bytes_max` is
+    ///    refused even when every message is within its own limits, exactly the limit passes.
+    #[test]
+    fn t5_batch_bytes_limit_counts_every_part() {
+        let mut tagged = msg(9, &[("k", "v")]);
+        tagged.key = "kk".into();
+        tagged.tag = "t".into(); // 9 + 2 + 2 + 1 = 14 bytes
+        let at_limit = send(vec![tagged.clone(), tagged.clone(), msg(2, &[])]); // 14 + 14 + 2
+        assert_eq!(validate_send(&at_limit, &limits()), Ok(()));
+        let over = send(vec![tagged.clone(), tagged, msg(3, &[])]); // 31
+        assert_eq!(
+            validate_send(&over, &limits()),
+            Err(Refused::BatchTooLarge { bytes: 31, max: 30 })
+        );
+    }
+
+    /// 6. A valid batch passes, and the messages clients see keep their wording.
+    #[test]
+    fn t6_valid_batch_passes_and_refusals_keep_their_text() {
+        assert_eq!(
+            validate_send(&send(vec![msg(5, &[("a", "b")]), msg(0, &[])]), &limits()),
+            Ok(())
+        );
+        let text = |r: Refused| Error::from(r).to_proto();
+        let e = text(Refused::EmptySend);
+        assert_eq!(e.code(), raftmq_proto::v1::ErrorCode::InvalidArgument);
+        assert_eq!(e.message, "a send carries at least one message");
+        let e = text(Refused::TooManyMessages { count: 4, max: 3 });
+        assert_eq!(e.code(), raftmq_proto::v1::ErrorCode::MessageTooLarge);
+        assert_eq!(e.message, "batch of 4 messages exceeds the limit of 3");
+        assert_eq!(
+            text(Refused::BodyTooLarge {
+                index: 1,
+                bytes: 11,
+                max: 10
+            })
+            .message,
+            "message 1: body of 11 bytes exceeds the limit of 10 bytes"
+        );
+        assert_eq!(
+            text(Refused::PropertiesTooLarge {
+                index: 0,
+                bytes: 7,
+                max: 6
+            })
+            .message,
+            "message 0: properties of 7 bytes exceed the limit of 6 bytes"
+        );
+        assert_eq!(
+            text(Refused::BatchTooLarge { bytes: 31, max: 30 }).message,
+            "batch of 31 bytes exceeds the limit of 30 bytes"
+        );
+    }
+}

@@ -213,3 +213,6 @@ mod tests {
         assert!(range.contains(&messages[1].body.as_ptr()));
     }
 }
+
+#[cfg(test)]
+mod golden;

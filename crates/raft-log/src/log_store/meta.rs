@@ -66,3 +66,48 @@ impl Meta {
         self.put(PURGED, p, true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    fn temp_tree() -> sled::Tree {
+        let db = sled::Config::new().temporary(true).open().unwrap();
+        db.open_tree("raft").unwrap()
+    }
+
+    /// Golden bytes: the values of the store as today's code writes them, frozen before format
+    /// versions were added. Never update a literal: a metadata store on disk would no longer read.
+    #[test]
+    fn values_are_stored_as_their_golden_bytes() {
+        let tree = temp_tree();
+        let meta = Meta::new(tree.clone());
+        meta.save_vote(&Vote::new(7, 2)).unwrap();
+        meta.save_committed(Some(crate::types::log_id(7, 2, 1000)))
+            .unwrap();
+        meta.save_purged(&crate::types::log_id(5, 1, 300)).unwrap();
+        let stored = |k: &[u8]| hex(&tree.get(k).unwrap().unwrap());
+        println!(
+            "vote {}\ncommitted {}\npurged {}",
+            stored(VOTE),
+            stored(COMMITTED),
+            stored(PURGED)
+        );
+        assert_eq!(stored(VOTE), "070200");
+        assert_eq!(stored(COMMITTED), "010702e807");
+        assert_eq!(stored(PURGED), "0501ac02");
+        assert_eq!(meta.vote().unwrap(), Some(Vote::new(7, 2)));
+        assert_eq!(
+            meta.committed().unwrap(),
+            Some(crate::types::log_id(7, 2, 1000))
+        );
+        assert_eq!(
+            meta.purged().unwrap(),
+            Some(crate::types::log_id(5, 1, 300))
+        );
+    }
+}

@@ -7,7 +7,8 @@
 //! - [`network`] / [`server`]: the peer gRPC client (one channel per peer, deadlines) and service.
 //! - [`config`]: [`RaftConfig`] with defaults and validation.
 //! - [`types`]: the openraft type configuration.
-//! - [`testkit`]: a local group of members with abrupt kill, for tests and benchmarks.
+//! - `testkit` (feature `testing`): a local group of members with abrupt kill, for tests and
+//!   benchmarks.
 
 pub mod catchup;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod node;
 pub mod peers;
 pub mod server;
 pub mod state_machine;
+#[cfg(feature = "testing")]
 pub mod testkit;
 pub mod types;
 

@@ -13,11 +13,26 @@
 //! - `truncate_after` and `purge` are durable before they return (they are rare).
 //! - Any I/O error is returned to openraft (or passed to the callback), which then stops the node:
 //!   a member whose storage fails must not keep voting.
+//!
+//! This module is the façade implementing openraft's storage traits; the parts live in:
+//! - [`record`]: the byte-level record format; [`segment`]: one segment file and its index;
+//! - [`recovery`]: what `open` does, planned from what is on disk and then applied;
+//! - [`flusher`]: the group-commit thread that `fdatasync`s appends and barriers;
+//! - [`tail_cache`]: the newest entries in memory; [`read_plan`]: which entries of a range come
+//!   from memory and which from which file;
+//! - [`pacer`]: pacing of catch-up reads; [`meta`]: vote, committed and purge point in sled;
+//! - `power_loss` (feature `testing` only): the power-loss test aid.
 
+mod flusher;
 pub mod meta;
 mod pacer;
+#[cfg(feature = "testing")]
+mod power_loss;
+mod read_plan;
 pub mod record;
+mod recovery;
 mod segment;
+mod tail_cache;
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -26,15 +41,20 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::sync::{Arc, RwLock};
 
 use openraft::OptionalSend;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 
 use crate::config::FlushMode;
 use crate::types::{Entry, EntryPayload, LogId, TypeConfig, Vote};
+use flusher::{FlushDone, FlushJob, Flusher};
+pub(crate) use flusher::{SyncTarget, Uncache};
 use meta::Meta;
+#[cfg(feature = "testing")]
+pub use power_loss::simulate_power_loss;
 use segment::Segment;
+use tail_cache::TailCache;
 
 /// The shared state of the log: segments and the tail.
 struct Inner {
@@ -49,65 +69,6 @@ struct Inner {
     /// The newest entries, as appended: replication and pulls of recent messages read them here
     /// instead of reading and decoding the segment again.
     tail: TailCache,
-}
-
-/// Payload bytes the tail cache holds at most.
-const TAIL_CACHE_BYTES: usize = 32 << 20;
-
-/// A dense run of the newest entries `[first, first + entries.len())`, bounded in payload bytes.
-#[derive(Default)]
-struct TailCache {
-    first: u64,
-    entries: std::collections::VecDeque<Entry>,
-    bytes: usize,
-}
-
-impl TailCache {
-    fn size(e: &Entry) -> usize {
-        payload_len_hint(&e.payload) + std::mem::size_of::<Entry>()
-    }
-
-    fn pop_front(&mut self) -> Option<Entry> {
-        let e = self.entries.pop_front()?;
-        self.bytes -= Self::size(&e);
-        self.first += 1;
-        Some(e)
-    }
-
-    fn push(&mut self, e: Entry) {
-        if self.entries.is_empty() || self.first + self.entries.len() as u64 != e.log_id.index {
-            // Not the next index (the first append, or the log went on past a snapshot): restart.
-            self.clear();
-            self.first = e.log_id.index;
-        }
-        self.bytes += Self::size(&e);
-        self.entries.push_back(e);
-        while self.bytes > TAIL_CACHE_BYTES && self.pop_front().is_some() {}
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
-    }
-
-    /// Forgets every entry from `index` on (the log was truncated there).
-    fn truncate_from(&mut self, index: u64) {
-        while self.first + self.entries.len() as u64 > index {
-            let Some(e) = self.entries.pop_back() else {
-                break;
-            };
-            self.bytes -= Self::size(&e);
-        }
-    }
-
-    /// Forgets every entry at or below `index` (purged).
-    fn purge_to(&mut self, index: u64) {
-        while self.first <= index && self.pop_front().is_some() {}
-    }
-
-    fn get(&self, index: u64) -> Option<&Entry> {
-        self.entries.get(index.checked_sub(self.first)? as usize)
-    }
 }
 
 /// The durable Raft log of one member.
@@ -162,62 +123,12 @@ impl LogStore {
         page_cache_window_bytes: u64,
     ) -> io::Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir)?;
-        let mut report = RecoveryReport::default();
-        let mut firsts: Vec<(u64, PathBuf)> = Vec::new();
-        for e in std::fs::read_dir(dir)? {
-            let e = e?;
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if let Some(stem) = name.strip_suffix(".log")
-                && let Ok(first) = stem.parse::<u64>()
-            {
-                firsts.push((first, e.path()));
-            }
-        }
-        firsts.sort();
         let purged = meta.purged()?;
-        let mut segments = BTreeMap::new();
-        let mut expect_next: Option<u64> = None;
-        let mut damaged = false;
-        // Entries at or below the purge point are gone for good; a gap up to it is no hole.
-        let purged_next = purged.map(|p| p.index + 1).unwrap_or(0);
-        for (i, (first, path)) in firsts.iter().enumerate() {
-            let gap = expect_next.is_some_and(|n| *first > n && *first > purged_next);
-            if damaged || gap || expect_next.is_some_and(|n| *first < n) {
-                // It held entries from `first` on: this member once stored at least that far.
-                report.repair_floor = report.repair_floor.max(*first);
-                // Everything after a damaged record, or after a gap, cannot be trusted to be dense.
-                tracing::error!(path = %path.display(), "removing log segment after a damaged record or gap");
-                std::fs::remove_file(path)?;
-                let _ = std::fs::remove_file(path.with_extension("durable"));
-                report.dropped_segments += 1;
-                damaged = true;
-                continue;
-            }
-            let is_last = i + 1 == firsts.len();
-            let (seg, cut, seen) = Segment::recover(path, *first)?;
-            report.repair_floor = report.repair_floor.max(seen);
-            if cut > 0 {
-                report.truncated_bytes += cut;
-                if !is_last {
-                    tracing::error!(path = %path.display(), cut, "damaged record inside a sealed log segment; later segments dropped");
-                    damaged = true;
-                } else {
-                    tracing::warn!(path = %path.display(), cut, "cut a torn tail from the log");
-                }
-            }
-            report.entries += seg.count();
-            expect_next = Some(seg.next_index());
-            // A segment wholly at or below the purge point (kept while it was the active one), or
-            // an empty sealed one, holds nothing to serve.
-            let fully_purged = seg.next_index() <= purged_next && !is_last;
-            if (seg.count() == 0 && !is_last && !damaged) || fully_purged {
-                seg.remove()?;
-                continue;
-            }
-            segments.insert(*first, seg);
-        }
-        report.segments = segments.len();
+        let committed = meta.committed()?;
+        let (scanned, found) = recovery::survey(dir)?;
+        let plan = recovery::plan(&found, purged.map(|p| p.index), committed.map(|c| c.index));
+        let segments = recovery::apply(dir, scanned, &plan)?;
+        let report = plan.report;
         let mut inner = Inner {
             dir: dir.to_path_buf(),
             segments,
@@ -228,22 +139,6 @@ impl LogStore {
             tail: TailCache::default(),
         };
         inner.last = inner.read_last_log_id()?.or(purged);
-        sync_dir(dir)?;
-        if let Some(c) = meta.committed()? {
-            report.repair_floor = report.repair_floor.max(c.index);
-        }
-        let last_index = inner.last.map(|l| l.index).unwrap_or(0);
-        if report.repair_floor <= last_index {
-            report.repair_floor = 0;
-        } else {
-            tracing::error!(
-                last_index,
-                held_before = report.repair_floor,
-                "the log lost entries this member had stored; it will not vote or campaign until \
-                 replication brings it back to index {}",
-                report.repair_floor
-            );
-        }
         let flusher = Flusher::start(flush_mode);
         Ok((
             LogStore {
@@ -369,19 +264,13 @@ impl LogStore {
         Ok(files)
     }
 
-    /// Blocks until every append submitted so far is on disk.
+    /// Blocks until every append submitted so far is on disk. Call it off the runtime's workers.
     fn barrier(&self) -> io::Result<()> {
         let file = {
             let g = self.inner.read().map_err(|_| poisoned())?;
             g.segments.values().next_back().map(|s| s.sync_target(0))
         };
-        let (tx, rx) = mpsc::channel();
-        self.flusher.submit(FlushJob {
-            files: file.into_iter().collect(),
-            done: FlushDone::Barrier(tx),
-        });
-        rx.recv()
-            .map_err(|_| io::Error::other("log flusher stopped"))?
+        self.flusher.barrier(file.into_iter().collect())
     }
 }
 
@@ -413,118 +302,6 @@ impl Inner {
             }
         }
         Ok(None)
-    }
-
-    fn segment_of(&self, index: u64) -> Option<&Segment> {
-        let (_, s) = self.segments.range(..=index).next_back()?;
-        (index < s.next_index()).then_some(s)
-    }
-
-    /// Plans reading entries `[start, end)`: those in the tail cache are taken at once, the rest
-    /// become file reads that [`ReadPlan::run`] does after the caller released the lock (a read
-    /// from disk must not hold up appends).
-    fn plan_range(&self, start: u64, end: u64) -> ReadPlan {
-        self.plan_range_within(start, end, u64::MAX)
-    }
-
-    /// As [`Self::plan_range`], stopping once the planned records hold `budget` bytes (at least one
-    /// entry is planned whatever its size).
-    fn plan_range_within(&self, start: u64, end: u64, budget: u64) -> ReadPlan {
-        let mut plan = ReadPlan::default();
-        let mut left = budget;
-        let mut i = match self.purged {
-            Some(p) => start.max(p + 1),
-            None => start,
-        };
-        while i < end {
-            if let Some(e) = self.tail.get(i) {
-                let size = payload_len_hint(&e.payload) as u64;
-                if size > left && !plan.pieces.is_empty() {
-                    break;
-                }
-                left = left.saturating_sub(size);
-                plan.push_cached(e.log_id, e.payload.clone());
-                i += 1;
-                continue;
-            }
-            let Some(seg) = self.segment_of(i) else {
-                // Below the first held index (purged, or never written): skip to what is held.
-                // A missing index above it is a hole: stop there rather than skip it.
-                let floor = self.purged.map_or(0, |p| p + 1);
-                let below_start = self
-                    .segments
-                    .range(..=i)
-                    .all(|(_, s)| s.next_index() <= floor);
-                match self.segments.range(i + 1..).next() {
-                    Some((first, _)) if *first < end && below_start => {
-                        i = *first;
-                        continue;
-                    }
-                    _ => break,
-                }
-            };
-            let mut stop = end.min(seg.next_index());
-            if !self.tail.entries.is_empty() && i < self.tail.first {
-                stop = stop.min(self.tail.first);
-            }
-            let (stop, bytes) = seg.end_within(i, stop, left, plan.pieces.is_empty());
-            if stop == i {
-                break;
-            }
-            left = left.saturating_sub(bytes);
-            plan.pieces.extend(seg.plan_read(i, stop).map(Piece::File));
-            i = stop;
-        }
-        plan
-    }
-}
-
-/// Entries to read, in order: some already in memory, some still to read from segment files.
-#[derive(Default)]
-struct ReadPlan {
-    pieces: Vec<Piece>,
-}
-
-impl ReadPlan {
-    fn reads_files(&self) -> bool {
-        self.pieces.iter().any(|p| matches!(p, Piece::File(_)))
-    }
-
-    fn file_bytes(&self) -> u64 {
-        self.pieces
-            .iter()
-            .map(|p| match p {
-                Piece::File(r) => r.bytes(),
-                Piece::Cached(_) => 0,
-            })
-            .sum()
-    }
-}
-
-enum Piece {
-    Cached(Vec<(LogId, EntryPayload)>),
-    File(segment::SegmentRead),
-}
-
-impl ReadPlan {
-    fn push_cached(&mut self, id: LogId, payload: EntryPayload) {
-        if let Some(Piece::Cached(v)) = self.pieces.last_mut() {
-            v.push((id, payload));
-        } else {
-            self.pieces.push(Piece::Cached(vec![(id, payload)]));
-        }
-    }
-
-    /// Does the file reads (call it without the log's lock) and returns the entries in order.
-    fn run(self) -> io::Result<Vec<(LogId, EntryPayload)>> {
-        let mut out = Vec::new();
-        for p in self.pieces {
-            match p {
-                Piece::Cached(mut v) => out.append(&mut v),
-                Piece::File(r) => r.read(&mut out)?,
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -676,9 +453,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.reader()
     }
 
+    /// Durable before it returns, and never ahead of the log: waits for every earlier append to be
+    /// on disk, then writes and flushes the vote. Both steps block, so they run on a blocking
+    /// thread rather than on one of the runtime's workers.
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.barrier()?;
-        self.meta.save_vote(vote)
+        let (store, vote) = (self.clone(), *vote);
+        tokio::task::spawn_blocking(move || {
+            store.barrier()?;
+            store.meta.save_vote(&vote)
+        })
+        .await
+        .map_err(|e| io::Error::other(format!("vote write task failed: {e}")))?
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -772,196 +557,5 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let dir = g.dir.clone();
         drop(g);
         sync_dir(&dir)
-    }
-}
-
-/// What to do once a flush completes.
-enum FlushDone {
-    Raft(IOFlushed<TypeConfig>),
-    Barrier(mpsc::Sender<io::Result<()>>),
-}
-
-/// A file to fdatasync, with its path for the power-loss test aid.
-#[derive(Clone)]
-pub(crate) struct SyncTarget {
-    pub(crate) file: Arc<File>,
-    pub(crate) path: Arc<PathBuf>,
-    pub(crate) uncache: Uncache,
-}
-
-/// The part of a segment to drop from the page cache once it is durable.
-///
-/// Why: a log written at full speed would otherwise grow the page cache by every byte written,
-/// and each new page-cache page costs the kernel far more than a reused one (on this project's
-/// 2-core VMs, touching never-used memory costs ~10 us per 4 KiB page against ~3 us for a page
-/// freed a moment ago; appends of 128 KiB took 340 us instead of 60 us once the page cache had
-/// grown by a few hundred MiB). Dropping what is durable and behind the window keeps the log's
-/// page cache small, and new writes reuse pages just freed. Readers lose nothing they need from
-/// memory: recent entries are served from the tail cache; older ones are read from the file.
-#[derive(Clone)]
-pub(crate) struct Uncache {
-    /// Drop the pages below this offset (rounded down to a page).
-    pub(crate) below: u64,
-    /// The segment is sealed: drop all of it, however little is left.
-    pub(crate) whole: bool,
-    /// Below this offset, pages were already dropped (shared by the segment's targets).
-    pub(crate) done_to: Arc<std::sync::atomic::AtomicU64>,
-}
-
-/// Less than this (of an active segment) is not worth a system call.
-const UNCACHE_STEP_BYTES: u64 = 1 << 20;
-
-impl Uncache {
-    /// Only after the range was fsynced: `POSIX_FADV_DONTNEED` drops clean pages (dirty ones would
-    /// be written back first, and kept). Advice only; a failure loses nothing and is ignored.
-    fn apply(&self, file: &File) {
-        use std::sync::atomic::Ordering;
-        let below = self.below & !4095;
-        let done = self.done_to.load(Ordering::Relaxed);
-        let step = if self.whole { 1 } else { UNCACHE_STEP_BYTES };
-        if below < done.saturating_add(step) {
-            return;
-        }
-        let advised = nix::fcntl::posix_fadvise(
-            file,
-            done as i64,
-            (below - done) as i64,
-            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-        );
-        if advised.is_ok() {
-            self.done_to.fetch_max(below, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Set `RAFTMQ_TRACK_DURABLE=1` to have the flusher record, next to each segment, the length known
-/// to be on disk after each fsync (`<segment>.durable`). Tests use it to simulate a power loss of
-/// a killed node: every byte past the recorded length is dropped. Never set it in production: it
-/// costs a small write per fsync.
-static TRACK_DURABLE: std::sync::LazyLock<bool> =
-    std::sync::LazyLock::new(|| std::env::var_os("RAFTMQ_TRACK_DURABLE").is_some_and(|v| v == "1"));
-
-impl SyncTarget {
-    fn sync(&self) -> io::Result<()> {
-        let len = if *TRACK_DURABLE {
-            Some(self.file.metadata()?.len())
-        } else {
-            None
-        };
-        let t = std::time::Instant::now();
-        self.file.sync_data()?;
-        crate::metrics::observe_fsync(t.elapsed());
-        if let Some(len) = len {
-            // Written whole or not at all (tmp + rename): a kill mid-write must not leave it empty.
-            let tmp = self.path.with_extension("durable.tmp");
-            std::fs::write(&tmp, len.to_le_bytes())?;
-            std::fs::rename(&tmp, self.path.with_extension("durable"))?;
-        }
-        Ok(())
-    }
-}
-
-/// Drops from every segment under `log_dir` what the flusher had not recorded as durable (see
-/// `RAFTMQ_TRACK_DURABLE`): the state a power loss would leave. For tests of a stopped node.
-pub fn simulate_power_loss(log_dir: &Path) -> io::Result<u64> {
-    let mut dropped = 0;
-    for e in std::fs::read_dir(log_dir)? {
-        let path = e?.path();
-        if path.extension().is_some_and(|x| x == "log") {
-            let durable = match std::fs::read(path.with_extension("durable")) {
-                Ok(b) if b.len() == 8 => u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
-                _ => 0,
-            };
-            let len = std::fs::metadata(&path)?.len();
-            if len > durable {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)?
-                    .set_len(durable)?;
-                dropped += len - durable;
-            }
-        }
-    }
-    Ok(dropped)
-}
-
-struct FlushJob {
-    files: Vec<SyncTarget>,
-    done: FlushDone,
-}
-
-/// The group-commit thread: it takes every queued job, `fdatasync`s each distinct file once, then
-/// completes the jobs in submission order.
-#[derive(Clone)]
-struct Flusher {
-    tx: Arc<Mutex<mpsc::Sender<FlushJob>>>,
-}
-
-impl Flusher {
-    fn start(mode: FlushMode) -> Flusher {
-        let (tx, rx) = mpsc::channel::<FlushJob>();
-        std::thread::Builder::new()
-            .name("raft-log-flusher".into())
-            .spawn(move || flusher_loop(rx, mode))
-            .expect("spawn the log flusher thread");
-        Flusher {
-            tx: Arc::new(Mutex::new(tx)),
-        }
-    }
-
-    fn submit(&self, job: FlushJob) {
-        let sent = self.tx.lock().map(|tx| tx.send(job));
-        if let Ok(Err(mpsc::SendError(job))) = sent {
-            complete(job.done, Err(io::Error::other("log flusher stopped")));
-        }
-    }
-}
-
-fn complete(done: FlushDone, r: io::Result<()>) {
-    match done {
-        FlushDone::Raft(cb) => cb.io_completed(r),
-        FlushDone::Barrier(tx) => {
-            let _ = tx.send(r);
-        }
-    }
-}
-
-fn flusher_loop(rx: mpsc::Receiver<FlushJob>, mode: FlushMode) {
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while let Ok(j) = rx.try_recv() {
-            jobs.push(j);
-        }
-        let sync = matches!(mode, FlushMode::Fsync)
-            || jobs.iter().any(|j| matches!(j.done, FlushDone::Barrier(_)));
-        let mut result: io::Result<()> = Ok(());
-        if sync {
-            let mut synced: Vec<*const File> = Vec::new();
-            'jobs: for j in &jobs {
-                for t in &j.files {
-                    let p = Arc::as_ptr(&t.file);
-                    if synced.contains(&p) {
-                        continue;
-                    }
-                    synced.push(p);
-                    if let Err(e) = t.sync() {
-                        result = Err(e);
-                        break 'jobs;
-                    }
-                }
-            }
-        }
-        if sync && result.is_ok() {
-            for t in jobs.iter().flat_map(|j| &j.files) {
-                t.uncache.apply(&t.file);
-            }
-        }
-        for j in jobs {
-            let r = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
-            };
-            complete(j.done, r);
-        }
     }
 }

@@ -46,10 +46,11 @@ impl Segment {
         })
     }
 
-    /// Opens a segment and validates it record by record, keeping its longest valid dense prefix.
-    /// Returns the segment, the bytes cut after that prefix, and the highest index this member is
-    /// known to have held in it (also past a damaged record whose length is intact, as long as the
-    /// records after it still check out).
+    /// Opens a segment and validates it record by record, changing nothing: the segment holds its
+    /// longest valid dense prefix. Returns the segment, the bytes after that prefix (to cut with
+    /// [`Self::cut_to_valid`] before any append), and the highest index this member is known to
+    /// have held in it (also past a damaged record whose length is intact, as long as the records
+    /// after it still check out).
     pub fn recover(path: &Path, first_index: u64) -> io::Result<(Segment, u64, u64)> {
         let file = OpenOptions::new().read(true).append(true).open(path)?;
         let file_len = file.metadata()?.len();
@@ -68,10 +69,6 @@ impl Segment {
             seen.saturating_sub(1)
                 .max(salvage_scan(&file, file_len, pos, seen, &mut payload)?);
         let cut = file_len - pos;
-        if cut > 0 {
-            file.set_len(pos)?;
-            file.sync_all()?;
-        }
         Ok((
             Segment {
                 first_index,
@@ -84,6 +81,12 @@ impl Segment {
             cut,
             seen,
         ))
+    }
+
+    /// Cuts the file to the valid prefix [`Self::recover`] found, durably.
+    pub fn cut_to_valid(&self) -> io::Result<()> {
+        self.file.set_len(self.len)?;
+        self.file.sync_all()
     }
 
     pub fn first_index(&self) -> u64 {

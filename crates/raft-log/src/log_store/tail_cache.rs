@@ -1,0 +1,168 @@
+//! The tail cache: the newest entries of the log, as appended, kept in memory.
+//!
+//! Replication to up-to-date followers and pulls of recent messages read these entries here
+//! instead of reading and decoding the segment files again. The cache holds a dense run of indexes
+//! `[first, first + len)` and at most [`TAIL_CACHE_BYTES`] of payload (plus per-entry overhead):
+//! pushing past the bound forgets the oldest entries. It is an optimisation only: every entry in
+//! it is also in a segment file, so losing it (a restart) loses nothing.
+
+use std::collections::VecDeque;
+
+use super::payload_len_hint;
+use crate::types::Entry;
+
+/// Payload bytes the tail cache holds at most.
+pub(super) const TAIL_CACHE_BYTES: usize = 32 << 20;
+
+/// A dense run of the newest entries `[first, first + entries.len())`, bounded in payload bytes.
+#[derive(Default)]
+pub(super) struct TailCache {
+    first: u64,
+    entries: VecDeque<Entry>,
+    bytes: usize,
+}
+
+impl TailCache {
+    fn size(e: &Entry) -> usize {
+        payload_len_hint(&e.payload) + std::mem::size_of::<Entry>()
+    }
+
+    fn pop_front(&mut self) -> Option<Entry> {
+        let e = self.entries.pop_front()?;
+        self.bytes -= Self::size(&e);
+        self.first += 1;
+        Some(e)
+    }
+
+    /// Adds the entry after the newest one; any other index restarts the cache at `e`.
+    pub(super) fn push(&mut self, e: Entry) {
+        if self.entries.is_empty() || self.first + self.entries.len() as u64 != e.log_id.index {
+            // Not the next index (the first append, or the log went on past a snapshot): restart.
+            self.clear();
+            self.first = e.log_id.index;
+        }
+        self.bytes += Self::size(&e);
+        self.entries.push_back(e);
+        while self.bytes > TAIL_CACHE_BYTES && self.pop_front().is_some() {}
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    /// Forgets every entry from `index` on (the log was truncated there).
+    pub(super) fn truncate_from(&mut self, index: u64) {
+        while self.first + self.entries.len() as u64 > index {
+            let Some(e) = self.entries.pop_back() else {
+                break;
+            };
+            self.bytes -= Self::size(&e);
+        }
+    }
+
+    /// Forgets every entry at or below `index` (purged).
+    pub(super) fn purge_to(&mut self, index: u64) {
+        while self.first <= index && self.pop_front().is_some() {}
+    }
+
+    pub(super) fn get(&self, index: u64) -> Option<&Entry> {
+        self.entries.get(index.checked_sub(self.first)? as usize)
+    }
+
+    /// The oldest index held, if the cache holds any entry.
+    pub(super) fn first_held(&self) -> Option<u64> {
+        (!self.entries.is_empty()).then_some(self.first)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{EntryPayload, Payload, log_id};
+
+    fn entry(index: u64, bytes: usize) -> Entry {
+        Entry {
+            log_id: log_id(1, 1, index),
+            payload: EntryPayload::Normal(Payload(vec![index as u8; bytes].into())),
+        }
+    }
+
+    fn held(c: &TailCache) -> Vec<u64> {
+        c.entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    #[test]
+    fn t01_dense_pushes_are_all_held() {
+        let mut c = TailCache::default();
+        assert_eq!(c.first_held(), None);
+        for i in 5..10 {
+            c.push(entry(i, 10));
+        }
+        assert_eq!(held(&c), vec![5, 6, 7, 8, 9]);
+        assert_eq!(c.first_held(), Some(5));
+        assert_eq!(c.get(7).map(|e| e.log_id.index), Some(7));
+        assert!(c.get(4).is_none());
+        assert!(c.get(10).is_none());
+    }
+
+    #[test]
+    fn t02_a_non_consecutive_push_restarts_the_cache() {
+        let mut c = TailCache::default();
+        c.push(entry(1, 10));
+        c.push(entry(2, 10));
+        // The log went on past a snapshot: index 100 follows 2.
+        c.push(entry(100, 10));
+        assert_eq!(held(&c), vec![100]);
+        assert_eq!(c.bytes, TailCache::size(&entry(100, 10)));
+    }
+
+    #[test]
+    fn t03_the_byte_bound_forgets_the_oldest_entries() {
+        let mut c = TailCache::default();
+        let big = TAIL_CACHE_BYTES / 4;
+        for i in 1..=6 {
+            c.push(entry(i, big));
+        }
+        assert!(c.bytes <= TAIL_CACHE_BYTES);
+        // Four payloads of a quarter each plus overhead exceed the bound: three remain.
+        assert_eq!(held(&c), vec![4, 5, 6]);
+        assert_eq!(c.first_held(), Some(4));
+        // An entry larger than the bound on its own is not kept either.
+        c.push(entry(7, TAIL_CACHE_BYTES + 1));
+        assert_eq!(held(&c), Vec::<u64>::new());
+        assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn t04_truncate_forgets_from_the_index_on() {
+        let mut c = TailCache::default();
+        for i in 1..=5 {
+            c.push(entry(i, 10));
+        }
+        c.truncate_from(4);
+        assert_eq!(held(&c), vec![1, 2, 3]);
+        c.truncate_from(10);
+        assert_eq!(held(&c), vec![1, 2, 3]);
+        // The log goes on from the cut: the cache stays dense.
+        c.push(entry(4, 10));
+        assert_eq!(held(&c), vec![1, 2, 3, 4]);
+        c.truncate_from(0);
+        assert_eq!(held(&c), Vec::<u64>::new());
+        assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn t05_purge_forgets_up_to_the_index() {
+        let mut c = TailCache::default();
+        for i in 1..=5 {
+            c.push(entry(i, 10));
+        }
+        c.purge_to(2);
+        assert_eq!(held(&c), vec![3, 4, 5]);
+        assert!(c.get(2).is_none());
+        c.purge_to(9);
+        assert_eq!(held(&c), Vec::<u64>::new());
+        assert_eq!(c.bytes, 0);
+    }
+}

@@ -485,6 +485,7 @@ mod tests {
                 leader_id: Some(2),
                 queues: 8,
                 term: 4,
+                limits: Default::default(),
                 nodes: vec![RouteNode {
                     node_id: 2,
                     address: "h:2".into(),

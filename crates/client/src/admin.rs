@@ -20,25 +20,14 @@ use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::router::{RetryPolicy, Router};
 
-/// Longest topic or group name (DESIGN.md "Limits").
-pub const NAME_CHARS_MAX: usize = 127;
-/// Most queues a topic may have on one broker group.
-pub const QUEUES_MAX: u32 = 1_024;
+/// Longest topic or group name (the contract's, `raftmq_proto::limits`).
+pub use raftmq_proto::limits::NAME_LEN_MAX as NAME_CHARS_MAX;
+/// Most queues a topic may have on one broker group (the contract's).
+pub use raftmq_proto::limits::QUEUES_PER_TOPIC_MAX as QUEUES_MAX;
 
-/// Checks a topic or group name against `^[A-Za-z0-9_%|-]{1,127}$`.
+/// Checks a topic or group name against the contract's rule `^[A-Za-z0-9_%|-]{1,127}$`.
 pub fn check_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= NAME_CHARS_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'%' | b'|' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} name {name:?} must be 1 to {NAME_CHARS_MAX} of A-Z a-z 0-9 _ % | -"
-        )))
-    }
+    raftmq_proto::limits::check_name(what, name).map_err(|e| Error::InvalidArgument(e.to_string()))
 }
 
 /// A topic and the broker groups hosting it, as the nameservers know it.

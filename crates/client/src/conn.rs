@@ -12,8 +12,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
 
-/// Replies (pulls of large messages) may be far above tonic's 4 MiB default.
-pub(crate) const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Replies (pulls of large messages) may be far above tonic's 4 MiB default: the contract's cap.
+pub(crate) const MESSAGE_BYTES_MAX: usize = raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX;
 
 /// Channels by address.
 #[derive(Clone)]

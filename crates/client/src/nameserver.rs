@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use raftmq_proto::limits::SendLimits;
 use raftmq_proto::v1::{self, ErrorCode};
 
 use crate::conn::{Pool, request};
@@ -35,6 +36,9 @@ pub struct BrokerRoute {
     pub queues: u32,
     pub nodes: Vec<RouteNode>,
     pub term: u64,
+    /// The send limits the group enforces, as its nodes published them; the contract's defaults
+    /// for whatever the group did not report.
+    pub limits: SendLimits,
 }
 
 impl BrokerRoute {
@@ -85,6 +89,11 @@ impl From<v1::RouteResponse> for TopicRoute {
                 leader_id: b.leader_id,
                 queues: b.queues,
                 term: b.term,
+                limits: b
+                    .limits
+                    .as_ref()
+                    .map(SendLimits::from_wire)
+                    .unwrap_or_default(),
                 nodes: b
                     .nodes
                     .into_iter()
@@ -244,6 +253,10 @@ mod tests {
                     name: "broker-a".into(),
                     queues: 1,
                     leader_id: Some(2),
+                    limits: Some(v1::SendLimits {
+                        body_bytes_max: 1000,
+                        ..Default::default()
+                    }),
                     nodes: vec![v1::RouteNode {
                         node_id: 2,
                         address: "h:2".into(),
@@ -256,6 +269,13 @@ mod tests {
         let route = TopicRoute::from(resp);
         assert_eq!(route.brokers[0].name, "broker-a");
         assert_eq!(route.brokers[0].leader_address(), Some("h:2"));
+        // Limits as reported, the defaults for what was not.
+        assert_eq!(route.brokers[0].limits.body_bytes_max, 1000);
+        assert_eq!(
+            route.brokers[0].limits.batch_bytes_max,
+            SendLimits::DEFAULT.batch_bytes_max
+        );
+        assert_eq!(route.brokers[1].limits, SendLimits::DEFAULT);
         let qs: Vec<String> = route.queues().iter().map(|q| q.to_string()).collect();
         assert_eq!(qs, vec!["broker-a/0", "broker-b/0", "broker-b/1"]);
     }

@@ -24,11 +24,19 @@
 //! `NOT_LEADER` hints at once, move to another node at once on connection errors and short
 //! attempt timeouts, and back off on unavailability (see the router) until the send timeout; then
 //! every message of the batch fails with [`Error::Timeout`].
+//!
+//! Limits are the target broker group's: each group publishes the send limits it enforces (body,
+//! properties, messages and bytes per batch) through the nameservers, and the route carries them
+//! (the contract's defaults, `raftmq_proto::limits`, for a group that did not say). A message
+//! above its group's body or properties limit is refused before it is sent; a message without a
+//! key, which may go to any group of the topic, is held to the strictest of them. Batches are
+//! closed at the smaller of this producer's limits and the group's.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use raftmq_proto::limits::SendLimits;
 use raftmq_proto::v1;
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use tokio::sync::{mpsc, oneshot};
@@ -41,10 +49,9 @@ use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::queue::{QueueId, QueueSelector, queue_for_key};
 use crate::router::{RetryPolicy, Router};
 
-/// Limits of the broker (DESIGN.md "Limits"), checked here before anything is sent.
-pub const BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
-pub const BATCH_MESSAGES_MAX: usize = 1_000;
-pub const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The contract's default send limits (`raftmq_proto::limits`): what a broker group enforces
+/// unless configured otherwise, and what the producer checks against until it knows the group's.
+pub use raftmq_proto::limits::{BATCH_BYTES_MAX, BATCH_MESSAGES_MAX, BODY_BYTES_MAX};
 
 /// A message to send.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,7 +133,7 @@ impl Default for ProducerConfig {
         ProducerConfig {
             linger: Duration::ZERO,
             batch_messages_max: BATCH_MESSAGES_MAX,
-            batch_bytes_max: BATCH_BYTES_MAX - 64 * 1024,
+            batch_bytes_max: BATCH_BYTES_MAX - raftmq_proto::limits::BATCH_HEADROOM_BYTES,
             inflight_batches_max: 64,
             broker_inflight_batches_max: 2,
             unkeyed_lanes_per_queue: 4,
@@ -245,11 +252,12 @@ impl Producer {
     /// Many `send` futures may be awaited concurrently; they are batched together.
     pub async fn send(&self, topic: &str, message: Message) -> Result<SendReceipt> {
         let deadline = Instant::now() + self.config.send_timeout;
-        if message.body.len() > BODY_BYTES_MAX {
-            return Err(Error::InvalidArgument(format!(
-                "message body of {} bytes is above the limit of {BODY_BYTES_MAX}",
-                message.body.len()
-            )));
+        // Above what any group may be configured to accept: refused before a route is fetched.
+        if message.body.len() > raftmq_proto::limits::BODY_BYTES_CONFIG_MAX {
+            return Err(body_too_large(
+                message.body.len(),
+                raftmq_proto::limits::BODY_BYTES_CONFIG_MAX,
+            ));
         }
         // The cached route without awaiting; fetching one is boxed, so the future of every send
         // stays small (a caller keeping hundreds in flight moves and stores each one).
@@ -267,6 +275,7 @@ impl Producer {
                 })?;
             Some(queues[idx].clone())
         };
+        check_message(&message, &target_limits(&route, target.as_ref()))?;
         let bytes = message.wire_bytes();
         let (reply, rx) = oneshot::channel();
         let pending = Pending {
@@ -315,6 +324,48 @@ impl Producer {
             tracing::warn!("producer batcher ended abnormally: {e}");
         }
     }
+}
+
+fn body_too_large(len: usize, max: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "message body of {len} bytes is above the limit of {max}"
+    ))
+}
+
+/// Refuses a message its target group would refuse for its size.
+fn check_message(m: &Message, limits: &SendLimits) -> Result<()> {
+    if m.body.len() > limits.body_bytes_max {
+        return Err(body_too_large(m.body.len(), limits.body_bytes_max));
+    }
+    let props: usize = m.properties.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if props > limits.properties_bytes_max {
+        return Err(Error::InvalidArgument(format!(
+            "message properties of {props} bytes are above the limit of {}",
+            limits.properties_bytes_max
+        )));
+    }
+    Ok(())
+}
+
+/// The limits a message for `target` must meet: its group's; for "any queue", the strictest of
+/// the topic's groups, since the batcher may send it to any of them.
+fn target_limits(route: &TopicRoute, target: Option<&QueueId>) -> SendLimits {
+    if let Some(q) = target
+        && let Some(b) = route.broker(&q.broker)
+    {
+        return b.limits;
+    }
+    route
+        .brokers
+        .iter()
+        .map(|b| b.limits)
+        .reduce(|a, b| SendLimits {
+            body_bytes_max: a.body_bytes_max.min(b.body_bytes_max),
+            properties_bytes_max: a.properties_bytes_max.min(b.properties_bytes_max),
+            batch_messages_max: a.batch_messages_max.min(b.batch_messages_max),
+            batch_bytes_max: a.batch_bytes_max.min(b.batch_bytes_max),
+        })
+        .unwrap_or_default()
 }
 
 struct Pending {
@@ -456,10 +507,28 @@ impl Batcher {
         )
     }
 
-    fn is_ready(&self, b: &OpenBatch, closing: bool) -> bool {
+    /// Most messages and bytes of a batch of `topic` to `broker` (`None`: not chosen yet, so any
+    /// of the topic's groups): the smaller of this producer's limits and the group's.
+    fn batch_limits(&self, topic: &str, broker: Option<&str>) -> (usize, usize) {
+        let group = match self.routes.get(topic) {
+            Some((route, _)) => {
+                let target = broker.map(|b| QueueId::new(b, 0));
+                target_limits(route, target.as_ref())
+            }
+            None => SendLimits::DEFAULT,
+        };
+        (
+            self.config.batch_messages_max.min(group.batch_messages_max),
+            self.config.batch_bytes_max.min(group.batch_bytes_max),
+        )
+    }
+
+    fn is_ready(&self, key: &BatchKey, b: &OpenBatch, closing: bool) -> bool {
+        let (messages_max, bytes_max) =
+            self.batch_limits(&key.0, key.1.as_ref().map(|q| q.broker.as_str()));
         closing
-            || b.msgs.len() >= self.config.batch_messages_max
-            || b.msgs.iter().map(|p| p.bytes).sum::<usize>() >= self.config.batch_bytes_max
+            || b.msgs.len() >= messages_max
+            || b.msgs.iter().map(|p| p.bytes).sum::<usize>() >= bytes_max
             || b.first_at.elapsed() >= self.config.linger
     }
 
@@ -467,7 +536,7 @@ impl Batcher {
         let mut keys: Vec<(Instant, BatchKey)> = self
             .open
             .iter()
-            .filter(|(_, b)| self.is_ready(b, closing))
+            .filter(|(k, b)| self.is_ready(k, b, closing))
             .map(|(k, b)| (b.first_at, k.clone()))
             .collect();
         keys.sort_by_key(|(t, _)| *t);
@@ -489,7 +558,7 @@ impl Batcher {
                     None => continue,
                 },
             };
-            let Some(batch) = self.take_batch(&key) else {
+            let Some(batch) = self.take_batch(&key, &lane.1.broker) else {
                 continue;
             };
             self.busy.insert(lane.clone());
@@ -563,16 +632,14 @@ impl Batcher {
         Some(lane_of(idx))
     }
 
-    /// Takes the first messages of an open batch, up to the batch limits.
-    fn take_batch(&mut self, key: &BatchKey) -> Option<Vec<Pending>> {
+    /// Takes the first messages of an open batch, up to the batch limits of `broker`.
+    fn take_batch(&mut self, key: &BatchKey, broker: &str) -> Option<Vec<Pending>> {
+        let (messages_max, bytes_max) = self.batch_limits(&key.0, Some(broker));
         let b = self.open.get_mut(key)?;
         let mut n = 0;
         let mut bytes = 0;
         for p in &b.msgs {
-            if n > 0
-                && (n >= self.config.batch_messages_max
-                    || bytes + p.bytes > self.config.batch_bytes_max)
-            {
+            if n > 0 && (n >= messages_max || bytes + p.bytes > bytes_max) {
                 break;
             }
             n += 1;
@@ -699,6 +766,7 @@ mod tests {
                     queues,
                     nodes: Vec::new(),
                     term: 0,
+                    limits: SendLimits::DEFAULT,
                 })
                 .collect(),
         })
@@ -797,5 +865,121 @@ mod tests {
         dispatch_until_stable(&mut b);
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&5));
         assert_eq!(b.inflight, 5);
+    }
+
+    /// A route of one group per name, each with its own limits.
+    fn route_with_limits(groups: &[(&str, SendLimits)], queues: u32) -> Arc<TopicRoute> {
+        let mut r = (*route(&[], queues)).clone();
+        for (name, limits) in groups {
+            let mut b = route(&[name], queues).brokers[0].clone();
+            b.limits = *limits;
+            r.brokers.push(b);
+        }
+        Arc::new(r)
+    }
+
+    fn small(body: usize, messages: usize, bytes: usize) -> SendLimits {
+        SendLimits {
+            body_bytes_max: body,
+            batch_messages_max: messages,
+            batch_bytes_max: bytes,
+            ..SendLimits::DEFAULT
+        }
+    }
+
+    /// A producer whose router already holds `route` (no nameserver is reachable).
+    fn producer_with(route: &TopicRoute) -> Producer {
+        let p = Producer::builder("127.0.0.1:1")
+            .send_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        p.router.cache_route(route.clone());
+        p
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_group_with_a_smaller_body_limit_makes_the_producer_refuse() {
+        let r = route_with_limits(&[("broker-a", small(1024, 1000, 1 << 20))], 2);
+        let p = producer_with(&r);
+        let e = p
+            .send("t", Message::new(vec![0u8; 2000]).with_key("k"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("limit of 1024")),
+            "{e}"
+        );
+        // Below the group's limit it is sent (and, with nothing listening, times out).
+        let e = p
+            .send("t", Message::new(vec![0u8; 1000]).with_key("k"))
+            .await
+            .unwrap_err();
+        assert!(!matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unkeyed_message_meets_the_strictest_group_of_its_topic() {
+        let r = route_with_limits(
+            &[
+                ("broker-a", SendLimits::DEFAULT),
+                ("broker-b", small(100, 1000, 1 << 20)),
+            ],
+            2,
+        );
+        let p = producer_with(&r);
+        let e = p.send("t", Message::new(vec![0u8; 101])).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        // Properties are held to the group's limit too.
+        let big = "v".repeat(SendLimits::DEFAULT.properties_bytes_max);
+        let e = p
+            .send("t", Message::new("x").with_property("k", big))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("properties")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_limits_fall_back_to_the_contract() {
+        let r = route(&["broker-a"], 1);
+        assert_eq!(target_limits(&r, None), SendLimits::DEFAULT);
+        let empty = route(&[], 1);
+        assert_eq!(target_limits(&empty, None), SendLimits::DEFAULT);
+        let q = QueueId::new("broker-x", 0);
+        assert_eq!(target_limits(&r, Some(&q)), SendLimits::DEFAULT);
+    }
+
+    #[tokio::test]
+    async fn batches_are_split_at_the_target_groups_limits() {
+        let (mut b, _tx) = batcher(ProducerConfig::default());
+        // broker-a takes 3 messages a batch; broker-b 250 bytes (messages here are 100 bytes).
+        let r = route_with_limits(
+            &[
+                ("broker-a", small(100, 3, 1 << 20)),
+                ("broker-b", small(100, 1000, 250)),
+            ],
+            1,
+        );
+        let mut replies = Vec::new();
+        for broker in ["broker-a", "broker-b"] {
+            for _ in 0..10 {
+                let (p, rx) = pending(&r, Some(QueueId::new(broker, 0)));
+                b.add(p);
+                replies.push(rx);
+            }
+        }
+        // One keyed lane per queue: one batch in flight to each, the rest waits.
+        dispatch_until_stable(&mut b);
+        let waiting = |b: &Batcher, broker: &str| {
+            b.open
+                .iter()
+                .filter(|(k, _)| k.1.as_ref().is_some_and(|q| q.broker == broker))
+                .map(|(_, o)| o.msgs.len())
+                .sum::<usize>()
+        };
+        assert_eq!(waiting(&b, "broker-a"), 7);
+        assert_eq!(waiting(&b, "broker-b"), 8);
     }
 }

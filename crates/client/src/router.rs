@@ -169,6 +169,20 @@ impl Router {
             .map(|c| c.route.clone())
     }
 
+    /// Caches `route` as if a nameserver had just returned it (tests without a nameserver).
+    #[cfg(test)]
+    pub(crate) fn cache_route(&self, route: TopicRoute) {
+        let route = Arc::new(route);
+        self.merge_route(&route);
+        lock(&self.routes).insert(
+            route.topic.clone(),
+            CachedRoute {
+                route,
+                fetched: Instant::now(),
+            },
+        );
+    }
+
     /// Drops the cached route so the next use fetches it again.
     pub(crate) fn invalidate_route(&self, topic: &str) {
         lock(&self.routes).remove(topic);

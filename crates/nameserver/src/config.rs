@@ -216,6 +216,11 @@ mod tests {
         args: Args,
     }
 
+    /// The error as the binary prints it: its message, then each cause once (`{:#}`).
+    fn as_printed(e: Error) -> String {
+        format!("{:#}", anyhow::Error::new(e))
+    }
+
     fn key_of(e: Error) -> &'static str {
         match e {
             Error::Config { key, .. } => key,
@@ -306,14 +311,13 @@ mod tests {
 
         std::fs::write(&path, "expiry_sec = 3\n").unwrap();
         let e = Config::from_file(&path).unwrap_err();
-        assert!(
-            matches!(e, Error::ConfigParse { .. }) && e.to_string().contains("expiry_sec"),
-            "{e}"
-        );
+        assert!(matches!(e, Error::ConfigParse { .. }), "{e}");
+        let printed = as_printed(e);
+        assert!(printed.contains("expiry_sec"), "{printed}");
 
         std::fs::write(&path, "expiry_secs = \"soon\"\n").unwrap();
-        let e = Config::from_file(&path).unwrap_err();
-        assert!(e.to_string().contains("expiry_secs"), "{e}");
+        let printed = as_printed(Config::from_file(&path).unwrap_err());
+        assert!(printed.contains("expiry_secs"), "{printed}");
 
         std::fs::write(&path, "expiry_secs = 0\n").unwrap();
         let args = Args {

@@ -3,6 +3,10 @@
 //! API errors ([`Error::InvalidArgument`], [`Error::TopicNotFound`]) are answered to the caller
 //! inside the reply's `error` field with a stable [`ErrorCode`]; the others stop start-up or the
 //! server and reach the binary edge, where `anyhow` adds context.
+//!
+//! A message names its subject and leaves its cause to `#[source]`: the binary prints the chain
+//! with `{:#}`, which appends each source once (a message that embedded its source as well
+//! printed the cause twice).
 
 use std::path::PathBuf;
 
@@ -34,7 +38,7 @@ pub enum Error {
         reason: String,
     },
     /// The configuration file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     ConfigRead {
         /// The file given with `--config`.
         path: PathBuf,
@@ -43,7 +47,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The configuration file is not valid TOML or has unknown keys or wrong types.
-    #[error("cannot parse config file {path}: {source}")]
+    #[error("cannot parse config file {path}")]
     ConfigParse {
         /// The file given with `--config`.
         path: PathBuf,
@@ -52,7 +56,7 @@ pub enum Error {
         source: Box<toml::de::Error>,
     },
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address from the config.
         addr: std::net::SocketAddr,
@@ -61,13 +65,13 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The gRPC/HTTP server failed while serving.
-    #[error("server failed: {0}")]
+    #[error("the server failed")]
     Transport(#[from] tonic::transport::Error),
     /// The reflection service could not decode the embedded descriptors (a build defect).
-    #[error("gRPC reflection: {0}")]
+    #[error("cannot build the gRPC reflection service")]
     Reflection(#[from] tonic_reflection::server::Error),
     /// The metrics registry refused a metric (a programming error, caught at start-up).
-    #[error("metrics registry: {0}")]
+    #[error("the metrics registry refused a metric")]
     Metrics(#[from] prometheus::Error),
 }
 
@@ -92,5 +96,30 @@ impl Error {
     /// The error as carried in a reply's `error` field.
     pub fn to_proto(&self) -> v1::Error {
         v1::Error::new(self.code(), self.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a port in use printed `nameserver: nameserver start-up failed: cannot listen
+    /// on 127.0.0.1:7000: Address already in use (os error 98): Address already in use (os error
+    /// 98)`, the cause twice: the message embedded its source and `{:#}` appended it again.
+    #[test]
+    fn t01_a_start_up_error_prints_its_cause_once() {
+        let e = Error::Bind {
+            addr: "127.0.0.1:7000".parse().unwrap(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        assert_eq!(e.to_string(), "cannot listen on 127.0.0.1:7000");
+        let printed = format!(
+            "{:#}",
+            anyhow::Error::new(e).context("nameserver start-up failed")
+        );
+        assert_eq!(
+            printed,
+            "nameserver start-up failed: cannot listen on 127.0.0.1:7000: address in use"
+        );
     }
 }

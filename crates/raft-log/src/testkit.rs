@@ -113,11 +113,11 @@ impl LocalGroup {
                     };
                     match Member::start(cfg.clone(), sm).await {
                         Ok(m) => break m,
-                        Err(e) if tries < 100 && e.to_string().contains("lock") => {
+                        Err(e) if tries < 100 && e.chain().contains("lock") => {
                             tries += 1;
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
-                        Err(e) => panic!("start member: {e}"),
+                        Err(e) => panic!("start member: {}", e.chain()),
                     }
                 };
                 let svc = member.peer_service();

@@ -1,4 +1,20 @@
 //! A member of a broker group's Raft group: the public API the broker uses.
+//!
+//! [`Member`] starts openraft on our log store and runs two tasks beside it: the status task
+//! (metrics → [`Status`], catch-up tracking, campaign permission) and CheckQuorum (is a leader cut
+//! off?). What they decide is pure and lives in its own module; the tasks own the clock and I/O.
+//!
+//! - [`status`]: [`Role`], [`Status`] and the metrics → status mapping.
+//! - [`quorum`]: CheckQuorum's decision.
+//! - [`write_error`]: the one mapping of openraft's write errors to [`ProposeError`].
+
+mod quorum;
+mod status;
+#[cfg(test)]
+mod test_metrics;
+mod write_error;
+
+pub use status::{PeerProgress, Role, Status};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -7,14 +23,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use openraft::Instant as _;
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::rt::WatchReceiver;
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use raftmq_proto::v1::raft_peer_service_server::RaftPeerServiceServer;
 use tokio::sync::watch;
 
-use crate::catchup::{CatchUp, Tracker};
 use crate::config::RaftConfig;
 use crate::error::{Error, ProposeError};
 use crate::log_store::{LogReader, LogStore, RecoveryReport, meta::Meta};
@@ -37,80 +50,6 @@ pub struct MemberConfig {
     pub peer_routes: BTreeMap<u64, String>,
     pub data_dir: PathBuf,
     pub raft: RaftConfig,
-}
-
-/// A member's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Leader,
-    Follower,
-    Candidate,
-    Learner,
-    Shutdown,
-}
-
-impl Role {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Role::Leader => "leader",
-            Role::Follower => "follower",
-            Role::Candidate => "candidate",
-            Role::Learner => "learner",
-            Role::Shutdown => "down",
-        }
-    }
-}
-
-/// The replication progress of one peer, as the leader sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerProgress {
-    pub node_id: u64,
-    pub address: String,
-    pub voter: bool,
-    pub matched: Option<u64>,
-    pub lag: u64,
-    /// Milliseconds since the leader last heard from this peer.
-    pub last_ack_ms: Option<u64>,
-    /// False once appends to it failed several times in a row (it is then retried with backoff).
-    pub reachable: bool,
-    /// Bytes a second of appends it has answered lately.
-    pub bytes_per_sec: u64,
-    /// Set while it is far behind the group's commit index and catching up.
-    pub catch_up: Option<CatchUp>,
-}
-
-/// A plain view of a member's Raft state; no openraft type leaks out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub node_id: u64,
-    pub role: Role,
-    pub term: u64,
-    pub leader: Option<u64>,
-    pub last_log_index: u64,
-    pub committed: u64,
-    pub applied: u64,
-    pub purged: u64,
-    /// Last log index covered by this member's snapshot (0 = none).
-    pub snapshot: u64,
-    pub voters: BTreeSet<u64>,
-    pub learners: BTreeSet<u64>,
-    pub addresses: BTreeMap<u64, String>,
-    /// Set on the leader: progress of every other member.
-    pub peers: Vec<PeerProgress>,
-    /// On a follower: milliseconds since the last AppendEntries from a leader (None = never).
-    pub millis_since_leader_contact: Option<u64>,
-    /// Set while this member is far behind the commit index its leader sent it: it receives the
-    /// log, does not campaign and is not ready.
-    pub catch_up: Option<CatchUp>,
-}
-
-impl Status {
-    pub fn leader_address(&self) -> Option<(u64, String)> {
-        // No hint rather than an empty address when the membership does not name it (yet).
-        let id = self.leader?;
-        let addr = self.addresses.get(&id).filter(|a| !a.is_empty())?;
-        Some((id, addr.clone()))
-    }
 }
 
 /// A running member.
@@ -141,36 +80,36 @@ impl<S: StateMachine> Member<S> {
             cfg.raft
                 .to_openraft(&format!("{}/{}", cfg.cluster, cfg.broker))?,
         );
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| Error::io("create the data dir", e))?;
+        let dir = &cfg.data_dir;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create the data dir", dir, e))?;
+        let meta_dir = dir.join("meta");
         let db = sled::Config::new()
-            .path(cfg.data_dir.join("meta"))
+            .path(&meta_dir)
             .flush_every_ms(Some(200))
             .open()
-            .map_err(|e| Error::Storage(format!("open metadata store: {e}")))?;
-        let tree = db
-            .open_tree("raft")
-            .map_err(|e| Error::Storage(format!("open metadata tree: {e}")))?;
+            .map_err(|e| Error::metadata("open the metadata store", &meta_dir, e))?;
+        let tree = db.open_tree("raft").map_err(|e| {
+            Error::metadata("open the raft tree of the metadata store", &meta_dir, e)
+        })?;
         let meta = Meta::new(tree);
+        let log_dir = dir.join("log");
         let (store, recovery) = LogStore::open(
-            &cfg.data_dir.join("log"),
+            &log_dir,
             meta,
             cfg.raft.segment_bytes_max,
             cfg.raft.flush_mode,
             cfg.raft.page_cache_window_bytes,
         )
-        .map_err(|e| Error::io("open the log", e))?;
+        .map_err(|e| Error::io("open the log in", &log_dir, e))?;
         if recovery.truncated_bytes > 0 || recovery.dropped_segments > 0 {
             tracing::warn!(?recovery, "log recovery cut damaged or unsynced records");
         }
         store.set_append_bytes_max(cfg.raft.append_bytes_max);
         store.set_catch_up_bytes_per_sec_busy(cfg.raft.catch_up_bytes_per_sec_busy);
         let reader = store.reader();
-        let (adapter, shared) = Adapter::new(
-            sm,
-            &cfg.data_dir.join("sm"),
-            cfg.raft.checkpoint_every_entries,
-        )
-        .map_err(|e| Error::io("open snapshots", e))?;
+        let sm_dir = dir.join("sm");
+        let (adapter, shared) = Adapter::new(sm, &sm_dir, cfg.raft.checkpoint_every_entries)
+            .map_err(|e| Error::io("open the snapshots in", &sm_dir, e))?;
         let me = Identity {
             cluster: cfg.cluster.clone(),
             broker: cfg.broker.clone(),
@@ -224,7 +163,7 @@ impl<S: StateMachine> Member<S> {
         let last_append_ms = Arc::new(AtomicU64::new(0));
         let leader_commit = Arc::new(AtomicU64::new(0));
         let started = Instant::now();
-        let (status_tx, status_rx) = watch::channel(initial_status(cfg.node_id));
+        let (status_tx, status_rx) = watch::channel(Status::initial(cfg.node_id));
         let (leadership_tx, leadership_rx) = watch::channel((Role::Follower, 0));
         let (cut_off_tx, cut_off_rx) = watch::channel(false);
         spawn_check_quorum(
@@ -289,18 +228,11 @@ impl<S: StateMachine> Member<S> {
     /// Proposes one entry; returns its log index and the state machine's reply once it is committed
     /// (on a majority's disks) and applied here.
     pub async fn propose(&self, payload: Bytes) -> Result<(u64, Bytes), ProposeError> {
-        match self.raft.client_write(crate::types::Payload(payload)).await {
-            Ok(r) => Ok((r.log_id.index, r.data.0)),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ProposeError::NotLeader {
-                    leader: f
-                        .leader_id
-                        .map(|id| (id, f.leader_node.map(|n| n.addr).unwrap_or_default())),
-                })
-            }
-            Err(RaftError::APIError(e)) => Err(ProposeError::Unavailable(e.to_string())),
-            Err(RaftError::Fatal(e)) => Err(ProposeError::Fatal(e.to_string())),
-        }
+        self.raft
+            .client_write(crate::types::Payload(payload))
+            .await
+            .map(|r| (r.log_id.index, r.data.0))
+            .map_err(write_error::propose_error)
     }
 
     /// Reads entries `[start, end)` that are present in this member's log, with their payloads
@@ -465,7 +397,7 @@ impl<S: StateMachine> Member<S> {
             .add_learner(node_id, BasicNode { addr: address }, true)
             .await
             .map(|_| ())
-            .map_err(map_write_err)
+            .map_err(write_error::propose_error)
     }
 
     /// Sets the voters (promoting learners, removing members) through joint consensus.
@@ -479,7 +411,7 @@ impl<S: StateMachine> Member<S> {
             .change_membership(ChangeMembers::ReplaceAllVoters(voters), false)
             .await
             .map(|_| ())
-            .map_err(map_write_err)
+            .map_err(write_error::propose_error)
     }
 
     /// Triggers an election on this member now (used by a preferred leader).
@@ -496,86 +428,32 @@ impl<S: StateMachine> Member<S> {
     }
 }
 
-fn map_write_err(
-    e: RaftError<crate::types::TypeConfig, ClientWriteError<crate::types::TypeConfig>>,
-) -> ProposeError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
-            leader: f
-                .leader_id
-                .map(|id| (id, f.leader_node.map(|n| n.addr).unwrap_or_default())),
-        },
-        RaftError::APIError(e) => ProposeError::Invalid(e.to_string()),
-        RaftError::Fatal(e) => ProposeError::Fatal(e.to_string()),
-    }
-}
-
-fn initial_status(node_id: u64) -> Status {
-    Status {
-        node_id,
-        role: Role::Follower,
-        term: 0,
-        leader: None,
-        last_log_index: 0,
-        committed: 0,
-        applied: 0,
-        purged: 0,
-        snapshot: 0,
-        voters: BTreeSet::new(),
-        learners: BTreeSet::new(),
-        addresses: BTreeMap::new(),
-        peers: Vec::new(),
-        millis_since_leader_contact: None,
-        catch_up: None,
-    }
-}
-
 /// Keeps `tx` (see [`Member::cut_off`]) up to date every `tick`, until the member shuts down.
+/// The decision is [`quorum::CheckQuorum`]'s; this task reads the clock and the metrics.
 fn spawn_check_quorum<S: StateMachine>(
     raft: Raft<Adapter<S>>,
     tx: watch::Sender<bool>,
     tick: Duration,
-    within: Duration,
+    window: Duration,
 ) {
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(tick);
-        // The term this member leads and when it was first seen leading it.
-        let mut leading: Option<(u64, Instant)> = None;
+        let mut check = quorum::CheckQuorum::new(window);
         loop {
             interval.tick().await;
-            let cut_off = {
+            let (leading_term, voters) = {
                 let rx = raft.metrics();
                 let m = rx.borrow_watched();
                 if m.state == ServerState::Shutdown {
                     return;
                 }
-                if m.state != ServerState::Leader {
-                    leading = None;
-                } else if leading.is_none_or(|(term, _)| term != m.current_term) {
-                    leading = Some((m.current_term, Instant::now()));
-                }
-                let new_leader = leading.is_some_and(|(_, since)| since.elapsed() <= within);
-                m.state == ServerState::Leader && {
-                    let voters: Vec<u64> = m.membership_config.membership().voter_ids().collect();
-                    let heard = voters
-                        .iter()
-                        .filter(|id| {
-                            if **id == m.id {
-                                return true;
-                            }
-                            match m.heartbeat.as_ref().and_then(|h| h.get(*id).cloned()) {
-                                Some(Some(t)) => t.elapsed() <= within,
-                                // Not heard from in this term yet: in contact only while the
-                                // leadership is younger than `within`. A leader cut off right
-                                // after its election (say, just after a whole-group restart)
-                                // must still notice, or its sends wait for nothing.
-                                _ => new_leader,
-                            }
-                        })
-                        .count();
-                    heard * 2 <= voters.len()
-                }
+                quorum::read_metrics(&m)
             };
+            let cut_off = check.tick(
+                leading_term,
+                &voters,
+                <openraft::TokioInstant as openraft::Instant>::now(),
+            );
             tx.send_if_modified(|cur| std::mem::replace(cur, cut_off) != cut_off);
         }
     });
@@ -611,85 +489,30 @@ fn spawn_status_task<S: StateMachine>(task: StatusTask<S>) {
     let reader = store.reader();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut own = Tracker::default();
-        let mut peer_trackers: BTreeMap<u64, Tracker> = BTreeMap::new();
+        let mut trackers = status::Trackers::default();
         let mut may_campaign = reader.repairing().is_none();
         loop {
             // Build the status from a clone: never hold the metrics borrow across an await.
             let m = rx.borrow_watched().clone();
-            let now = Instant::now();
-            let membership = m.membership_config.membership();
-            let voters: BTreeSet<u64> = membership.voter_ids().collect();
-            let addresses: BTreeMap<u64, String> = membership
-                .nodes()
-                .map(|(id, n)| (*id, n.addr.clone()))
-                .collect();
-            let learners: BTreeSet<u64> = addresses
-                .keys()
-                .filter(|id| !voters.contains(id))
-                .copied()
-                .collect();
-            let last_log_index = m.last_log_index.unwrap_or(0);
-            let committed = m.local_committed.map(|l| l.index).unwrap_or(0);
-            let role = match m.state {
-                ServerState::Leader => Role::Leader,
-                ServerState::Follower => Role::Follower,
-                ServerState::Candidate => Role::Candidate,
-                ServerState::Learner => Role::Learner,
-                ServerState::Shutdown => Role::Shutdown,
+            let st = {
+                // Peer links matter only on a leader; spare their lock otherwise.
+                let links = m.replication.as_ref().and_then(|_| links.lock().ok());
+                let local = status::Local {
+                    links: links.as_deref(),
+                    leader_commit: leader_commit.load(Ordering::Relaxed).checked_sub(1),
+                    started,
+                    last_append_ms: last_append_ms.load(Ordering::Relaxed),
+                };
+                status::from_metrics(&m, &local, &mut trackers, status::Now::read(), || {
+                    store.disk_bytes()
+                })
             };
-            let mut peers = Vec::new();
-            if let Some(rep) = &m.replication {
-                let links = links.lock().ok();
-                for (id, matched) in rep.iter() {
-                    if *id == m.id {
-                        continue;
-                    }
-                    let matched = matched.as_ref().map(|l| l.index);
-                    let last_ack_ms = m
-                        .heartbeat
-                        .as_ref()
-                        .and_then(|h| h.get(id).cloned().flatten())
-                        .map(|t| t.elapsed().as_millis() as u64);
-                    let link = links.as_ref().and_then(|l| l.get(*id));
-                    let tracker = peer_trackers.entry(*id).or_default();
-                    let catch_up = tracker.observe(
-                        now,
-                        matched.unwrap_or(0),
-                        committed,
-                        link.map_or(0, |l| l.acked_bytes),
-                    );
-                    peers.push(PeerProgress {
-                        node_id: *id,
-                        address: addresses.get(id).cloned().unwrap_or_default(),
-                        voter: voters.contains(id),
-                        matched,
-                        lag: last_log_index.saturating_sub(matched.unwrap_or(0)),
-                        last_ack_ms,
-                        reachable: link.is_none_or(|l| l.reachable()),
-                        bytes_per_sec: tracker.rate() as u64,
-                        catch_up,
-                    });
-                }
-            } else {
-                peer_trackers.clear();
-            }
-            // A follower compares what it holds with the commit index its leader sent it.
-            let catch_up = match (role, leader_commit.load(Ordering::Relaxed)) {
-                (Role::Follower | Role::Learner, c) if c > 0 => {
-                    own.observe(now, last_log_index, c - 1, store.disk_bytes())
-                }
-                _ => {
-                    own = Tracker::default();
-                    None
-                }
-            };
-            let allowed = catch_up.is_none() && reader.repairing().is_none();
+            let allowed = st.catch_up.is_none() && reader.repairing().is_none();
             if allowed != may_campaign {
                 may_campaign = allowed;
                 tracing::info!(
                     may_campaign,
-                    last_log_index,
+                    last_log_index = st.last_log_index,
                     "{}",
                     if allowed {
                         "caught up: campaigning again when the leader goes silent"
@@ -699,30 +522,6 @@ fn spawn_status_task<S: StateMachine>(task: StatusTask<S>) {
                 );
                 raft.runtime_config().elect(allowed);
             }
-            let la = last_append_ms.load(Ordering::Relaxed);
-            let contact =
-                (la > 0).then(|| (started.elapsed().as_millis() as u64).saturating_sub(la - 1));
-            let st = Status {
-                node_id: m.id,
-                role,
-                term: m.current_term,
-                leader: m.current_leader,
-                last_log_index,
-                committed,
-                applied: m.last_applied.map(|l| l.index).unwrap_or(0),
-                purged: m.purged.map(|l| l.index).unwrap_or(0),
-                snapshot: m.snapshot.map(|l| l.index).unwrap_or(0),
-                voters,
-                learners,
-                addresses,
-                peers,
-                millis_since_leader_contact: if role == Role::Leader {
-                    Some(0)
-                } else {
-                    contact
-                },
-                catch_up,
-            };
             let leadership = (st.role, st.term);
             leadership_tx.send_if_modified(|cur| std::mem::replace(cur, leadership) != leadership);
             tx.send_if_modified(|cur| {
@@ -733,7 +532,7 @@ fn spawn_status_task<S: StateMachine>(task: StatusTask<S>) {
                     false
                 }
             });
-            if role == Role::Shutdown {
+            if leadership.0 == Role::Shutdown {
                 break;
             }
             tokio::select! {

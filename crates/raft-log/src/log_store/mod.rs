@@ -123,6 +123,8 @@ impl LogStore {
         page_cache_window_bytes: u64,
     ) -> io::Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir)?;
+        #[cfg(feature = "testing")]
+        power_loss::note_tracking(dir)?;
         let purged = meta.purged()?;
         let committed = meta.committed()?;
         let (scanned, found) = recovery::survey(dir)?;

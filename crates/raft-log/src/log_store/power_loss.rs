@@ -9,6 +9,11 @@
 //! little-endian `u64`. It is written whole or not at all (a temporary file, then a rename), so a
 //! kill mid-write never leaves it empty. A missing or malformed record means nothing of the
 //! segment is known to be durable.
+//!
+//! A tracking member also leaves an empty `durable-tracking` file in its log directory when it
+//! opens the log. [`simulate_power_loss`] refuses a directory without it: there the missing
+//! records would mean "nothing is durable" and wipe the log, when in truth nobody recorded
+//! anything (the switch was not set, or the binary was built without the `testing` feature).
 
 use std::fs::File;
 use std::io;
@@ -17,6 +22,17 @@ use std::path::Path;
 /// `RAFTMQ_TRACK_DURABLE=1`: record durable lengths (a small write per fsync). Read once.
 static TRACK_DURABLE: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var_os("RAFTMQ_TRACK_DURABLE").is_some_and(|v| v == "1"));
+
+/// The file whose presence says the log in a directory was opened with tracking on.
+const TRACKING_MARKER: &str = "durable-tracking";
+
+/// Marks `log_dir` as tracked, if tracking is on.
+pub(super) fn note_tracking(log_dir: &Path) -> io::Result<()> {
+    if *TRACK_DURABLE {
+        std::fs::write(log_dir.join(TRACKING_MARKER), b"")?;
+    }
+    Ok(())
+}
 
 /// The length to record once `file` is synced, taken before the sync (so it is not more than the
 /// sync covered); None when tracking is off.
@@ -37,8 +53,16 @@ pub(super) fn record_durable(segment: &Path, len: u64) -> io::Result<()> {
 
 /// Drops from every segment under `log_dir` what the flusher had not recorded as durable (see
 /// `RAFTMQ_TRACK_DURABLE`): the state a power loss would leave. For tests of a stopped node.
-/// Returns the bytes dropped.
+/// Returns the bytes dropped; an error, changing nothing, if the log was not opened with tracking
+/// on.
 pub fn simulate_power_loss(log_dir: &Path) -> io::Result<u64> {
+    if !log_dir.join(TRACKING_MARKER).exists() {
+        return Err(io::Error::other(format!(
+            "{} holds no record of durable lengths: run the member with RAFTMQ_TRACK_DURABLE=1, \
+             built with raftmq-raft-log's `testing` feature",
+            log_dir.display()
+        )));
+    }
     let mut dropped = 0;
     for e in std::fs::read_dir(log_dir)? {
         let path = e?.path();
@@ -79,6 +103,11 @@ mod tests {
         std::fs::write(torn.with_extension("durable"), [1u8; 3]).unwrap();
         // Not a segment: left alone.
         std::fs::write(dir.path().join("other"), [7u8; 5]).unwrap();
+        // Without the marker of a tracking member, nothing is touched.
+        let err = simulate_power_loss(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("RAFTMQ_TRACK_DURABLE"), "{err}");
+        assert_eq!(std::fs::metadata(&synced).unwrap().len(), 100);
+        std::fs::write(dir.path().join(TRACKING_MARKER), b"").unwrap();
 
         assert_eq!(simulate_power_loss(dir.path()).unwrap(), 40 + 30 + 10);
         let len = |p: &Path| std::fs::metadata(p).unwrap().len();

@@ -11,7 +11,7 @@
 //!
 //! After a successful fsync the flusher drops the durable pages behind a window from the page
 //! cache ([`Uncache`]). With the `testing` feature it also records each synced length for the
-//! power-loss aid (see [`super::power_loss`]).
+//! power-loss aid (see `power_loss`).
 
 use std::fs::File;
 use std::io;

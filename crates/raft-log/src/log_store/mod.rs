@@ -15,14 +15,16 @@
 //!   a member whose storage fails must not keep voting.
 //!
 //! This module is the façade implementing openraft's storage traits; the parts live in:
-//! - [`record`]: the byte-level record format; [`segment`]: one segment file and its index;
-//! - [`recovery`]: what `open` does, planned from what is on disk and then applied;
-//! - [`flusher`]: the group-commit thread that `fdatasync`s appends and barriers;
-//! - [`tail_cache`]: the newest entries in memory; [`read_plan`]: which entries of a range come
+//! - [`record`]: the byte-level record format; `segment`: one segment file and its index;
+//! - `append`: the write path (records into the active segment, rolling segments);
+//! - `recovery`: what `open` does, planned from what is on disk and then applied;
+//! - `flusher`: the group-commit thread that `fdatasync`s appends and barriers;
+//! - `tail_cache`: the newest entries in memory; `read_plan`: which entries of a range come
 //!   from memory and which from which file;
-//! - [`pacer`]: pacing of catch-up reads; [`meta`]: vote, committed and purge point in sled;
+//! - `pacer`: pacing of catch-up reads; [`meta`]: vote, committed and purge point in sled;
 //! - `power_loss` (feature `testing` only): the power-loss test aid.
 
+mod append;
 mod flusher;
 pub mod meta;
 mod pacer;
@@ -205,67 +207,6 @@ impl LogStore {
             .collect()
     }
 
-    fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<SyncTarget>> {
-        let mut g = self.inner.write().map_err(|_| poisoned())?;
-        // Sized for the whole batch up front: growing by doubling would copy it again and again.
-        let mut buf = Vec::with_capacity(
-            entries
-                .iter()
-                .map(|e| payload_len_hint(&e.payload) + record::HEADER_BYTES + 16)
-                .sum::<usize>()
-                .min(g.segment_bytes_max as usize),
-        );
-        let mut files = Vec::new();
-        let mut batch_first: Option<u64> = None;
-        let mut idx_in_buf: Vec<(u64, u64)> = Vec::new(); // (index, offset in buf)
-        for e in entries {
-            let id = e.log_id;
-            if let Some(last) = g.last
-                && id.index != last.index + 1
-            {
-                return Err(io::Error::other(format!(
-                    "log hole: appending index {} after {}",
-                    id.index, last.index
-                )));
-            }
-            let need_roll = match g.segments.values().next_back() {
-                None => true,
-                Some(s) => {
-                    (s.len() + buf.len() as u64 >= g.segment_bytes_max
-                        && (s.count() > 0 || !buf.is_empty()))
-                        // After a snapshot install the log goes on past the active segment's end:
-                        // start a new segment there, so a segment's indexes stay dense.
-                        || (buf.is_empty() && s.next_index() != id.index)
-                }
-            };
-            if need_roll {
-                if !buf.is_empty() {
-                    files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
-                }
-                // The segment being sealed leaves the page cache whole once it is on disk.
-                if g.page_cache_window_bytes > 0
-                    && let Some(sealed) = g.segments.values().next_back()
-                {
-                    files.push(sealed.sync_target(u64::MAX));
-                }
-                let dir = g.dir.clone();
-                let seg = Segment::create(&dir, id.index)?;
-                sync_dir(&dir)?;
-                g.segments.insert(id.index, seg);
-                batch_first = None;
-            }
-            batch_first.get_or_insert(id.index);
-            idx_in_buf.push((id.index, buf.len() as u64));
-            record::encode(&mut buf, &id, &e.payload)?;
-            g.last = Some(id);
-            g.tail.push(e);
-        }
-        if !buf.is_empty() {
-            files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
-        }
-        Ok(files)
-    }
-
     /// Blocks until every append submitted so far is on disk. Call it off the runtime's workers.
     fn barrier(&self) -> io::Result<()> {
         let file = {
@@ -277,26 +218,6 @@ impl LogStore {
 }
 
 impl Inner {
-    fn flush_buf(
-        &mut self,
-        buf: &mut Vec<u8>,
-        idx: &mut Vec<(u64, u64)>,
-    ) -> io::Result<SyncTarget> {
-        let seg = self
-            .segments
-            .values_mut()
-            .next_back()
-            .ok_or_else(|| io::Error::other("no active segment"))?;
-        seg.append(buf, idx)?;
-        buf.clear();
-        idx.clear();
-        let uncache_below = match self.page_cache_window_bytes {
-            0 => 0,
-            w => seg.len().saturating_sub(w),
-        };
-        Ok(seg.sync_target(uncache_below))
-    }
-
     fn read_last_log_id(&self) -> io::Result<Option<LogId>> {
         for s in self.segments.values().rev() {
             if s.count() > 0 {

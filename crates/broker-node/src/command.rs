@@ -1,8 +1,72 @@
 //! The commands a broker group replicates through its Raft log, and the replies the state machine
 //! gives back. Encoded with postcard; a message body is stored once, inside the `Send` entry.
+//!
+//! ## Encoding, command format version 1
+//!
+//! A command is the postcard encoding of [`Command`], with no header (as every earlier build wrote
+//! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
+//! `CommitOffset` 3, `Trim` 4), then the variant's fields in declaration order. Integers are
+//! varints, `bool` one byte, strings and byte strings a varint length then the bytes, a vector a
+//! varint count then its items. A `Send` is
+//!
+//! ```text
+//! 02 | topic | queue | producer_id | sequence | timestamp_ms | count | message × count
+//! message = key | tag | body | property count | (name | value) × property count
+//! ```
+//!
+//! The golden tests (`command/golden.rs`) freeze these bytes. How it may change:
+//! - Enum variants are append only, never reordered: the index is the tag on disk.
+//! - A variant's fields never change, because postcard ignores trailing bytes and a build that
+//!   predates a new field would read the old fields and apply the entry wrongly. A changed command
+//!   is a new variant (a new tag).
+//! - A build that meets a tag it does not know, or the versioned envelope of
+//!   `raftmq_raft_log::state_machine::format` with a version above [`COMMAND_FORMAT_VERSION`], stops
+//!   ([`check_command_format`], called by apply): skipping the entry would make this replica
+//!   diverge from the others. In a mixed cluster a leader must therefore propose a new command only
+//!   once every member reads it.
+//!
+//! A [`Reply`] never leaves the process that applied the command (it goes to the proposer through an
+//! in-memory channel), so only one build ever reads it; it follows the same rules all the same, in
+//! case replies are ever forwarded.
 
+use raftmq_raft_log::state_machine::format::{self, NewerFormat};
 use serde::{Deserialize, Serialize};
 
+/// The command format version this build writes and the newest it reads (see the module doc).
+pub const COMMAND_FORMAT_VERSION: u32 = 1;
+/// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
+pub const COMMAND_TAGS: u32 = 5;
+
+/// A command this build must not apply: it comes from a newer format.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandFormatError {
+    #[error(transparent)]
+    Newer(#[from] NewerFormat),
+    #[error(
+        "log entry {index} holds a command with tag {tag}, which this broker-node does not know \
+         (command format version {COMMAND_FORMAT_VERSION} has tags 0..{COMMAND_TAGS}): it was \
+         written by a newer version; upgrade the binary"
+    )]
+    UnknownTag { index: u64, tag: u32 },
+}
+
+/// Checks that this build reads the command stored at log index `index`: not a newer envelope, not
+/// a tag it does not know. Bytes that are merely garbage pass here and fail to decode later.
+pub fn check_command_format(index: u64, payload: &[u8]) -> Result<(), CommandFormatError> {
+    let (_version, body) = format::versioned(
+        || format!("log entry {index}"),
+        payload,
+        COMMAND_FORMAT_VERSION,
+    )?;
+    if let Ok((tag, _)) = postcard::take_from_bytes::<u32>(body)
+        && tag >= COMMAND_TAGS
+    {
+        return Err(CommandFormatError::UnknownTag { index, tag });
+    }
+    Ok(())
+}
+
+/// A stored message. Field order is the order on disk: never reorder or change the fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredBody {
     pub key: String,
@@ -28,6 +92,9 @@ pub struct BodyView<'a> {
 
 /// A replicated command, generic over how its messages are held: owned ([`Command`], to build
 /// and to serve pulls) or borrowed ([`CommandView`], for apply, which only counts them).
+///
+/// The variant index is the tag on disk: append only, never reorder; and never change a variant's
+/// fields (a changed command is a new variant). Keep [`COMMAND_TAGS`] equal to the variant count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandOf<B> {
     CreateTopic {
@@ -60,6 +127,8 @@ pub enum CommandOf<B> {
     },
 }
 
+/// The state machine's answer to a command. The variant index is the tag: append only, never
+/// reorder, never change a variant's fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,

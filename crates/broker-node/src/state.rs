@@ -14,7 +14,21 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{CommandView, Reply};
+use raftmq_raft_log::state_machine::format;
+
+use crate::command::{CommandView, Reply, check_command_format};
+
+/// The format version of the broker-state snapshot this build writes and the newest it reads.
+///
+/// Version 1 is the postcard encoding of [`BrokerState`] with no header (as every earlier build
+/// wrote it): its fields in declaration order, skipped fields left out; maps as a varint count then
+/// key-value pairs, in key order for `BTreeMap`s and in hash order for the producers' `HashMap`
+/// (so two equal states may encode differently, which nothing relies on). A later version begins
+/// with the envelope of `raftmq_raft_log::state_machine::format`; restoring one newer than this
+/// stops the member (the snapshot also travels alone to a peer that installs it, so it carries its
+/// own version). Every struct here that is in a snapshot keeps its fields in order, never
+/// reordered or changed; a change is a new version.
+pub const BROKER_STATE_FORMAT_VERSION: u32 = 1;
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
@@ -28,6 +42,7 @@ pub struct Run {
     pub count: u32,
 }
 
+/// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueState {
     /// The lowest offset still served (raised by retention).
@@ -53,11 +68,13 @@ impl QueueState {
     }
 }
 
+/// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicState {
     pub queues: Vec<QueueState>,
 }
 
+/// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct ProducerWindow {
     last_index: u64,
@@ -65,6 +82,7 @@ struct ProducerWindow {
     recent: VecDeque<(u64, u32, u64, u32, u64)>,
 }
 
+/// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct BrokerState {
     pub topics: BTreeMap<String, TopicState>,
@@ -244,6 +262,14 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         Bytes::from(reply.encode())
     }
 
+    /// Stops the member on a command from a newer format instead of applying it as invalid, which
+    /// would make this replica diverge from one that knows it.
+    fn try_apply(&mut self, index: u64, term: u64, payload: &[u8]) -> std::io::Result<Bytes> {
+        check_command_format(index, payload)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Ok(self.apply(index, term, payload))
+    }
+
     fn apply_empty(&mut self, index: u64) {
         self.last_applied = index;
     }
@@ -253,7 +279,12 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     }
 
     fn restore(&mut self, data: &[u8]) -> std::io::Result<()> {
-        let mut s: BrokerState = postcard::from_bytes(data)
+        let (_version, body) = format::versioned(
+            || "the broker-state snapshot".to_string(),
+            data,
+            BROKER_STATE_FORMAT_VERSION,
+        )?;
+        let mut s: BrokerState = postcard::from_bytes(body)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         s.topic_version += 1;
         *self = s;

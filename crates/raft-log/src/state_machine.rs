@@ -4,6 +4,18 @@
 //! The state machine is in memory. On restart openraft installs the last persisted snapshot (if any)
 //! and re-applies every retained entry up to the persisted committed index, so the consume-queue
 //! index is rebuilt from the log itself. Snapshots carry state, never message bodies.
+//!
+//! ## `sm/snapshot.bin`, format version 1
+//!
+//! The postcard encoding of [`SnapshotFile`], with no header (as every earlier build wrote it):
+//! openraft's `SnapshotMeta` (last log id as `Option<LogId>`, then the last membership with its log
+//! id, voter sets and nodes), then the state machine's bytes as a length-prefixed byte string. A
+//! later version begins with the envelope of [`format`]; a file in a version newer than
+//! [`SNAPSHOT_FILE_FORMAT_VERSION`] stops the member at start with a message that says so. The
+//! state machine's bytes carry their own version (the broker's `BrokerState`), since they also
+//! travel alone to a peer that installs the snapshot.
+
+pub mod format;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -24,6 +36,13 @@ use crate::types::{EntryPayload, LogId, Payload, SnapshotMeta, StoredMembership,
 pub trait StateMachine: Send + Sync + 'static {
     /// Applies a committed entry with application data and returns the reply for the proposer.
     fn apply(&mut self, index: u64, term: u64, payload: &[u8]) -> Bytes;
+    /// What the adapter calls for each entry with application data. An error stops the member
+    /// (openraft takes it as a fatal storage error): a state machine returns one for an entry it
+    /// must not apply, such as one in a format newer than it reads ([`format::NewerFormat`]),
+    /// since skipping it would make this replica diverge. The default never fails.
+    fn try_apply(&mut self, index: u64, term: u64, payload: &[u8]) -> io::Result<Bytes> {
+        Ok(self.apply(index, term, payload))
+    }
     /// Notes an entry without application data (a leader's blank entry, a membership change).
     fn apply_empty(&mut self, _index: u64) {}
     /// Serialises the state (not the messages) as of the last applied entry.
@@ -39,10 +58,37 @@ pub type Snapshot = openraft::storage::Snapshot<
     Vec<u8>,
 >;
 
+/// The format version of `sm/snapshot.bin` this build writes and the newest it reads.
+pub const SNAPSHOT_FILE_FORMAT_VERSION: u32 = 1;
+
+/// `sm/snapshot.bin` (format version 1, byte layout in the module doc). Field order is the order on
+/// disk: never reorder or change the fields; a new layout is a new format version.
 #[derive(Clone, Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta,
     data: Vec<u8>,
+}
+
+impl SnapshotFile {
+    /// Reads a snapshot file; `path` names it in errors.
+    fn decode(path: &Path, bytes: &[u8]) -> io::Result<SnapshotFile> {
+        let (_version, body) = format::versioned(
+            || format!("snapshot file {}", path.display()),
+            bytes,
+            SNAPSHOT_FILE_FORMAT_VERSION,
+        )?;
+        postcard::from_bytes(body).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        })
+    }
+
+    /// Version 1 is written bare, as every earlier build wrote it.
+    fn encode(&self) -> io::Result<Vec<u8>> {
+        postcard::to_stdvec(self).map_err(io::Error::other)
+    }
 }
 
 /// Shared between the adapter (owned by openraft) and the broker, which reads the state.
@@ -83,12 +129,7 @@ impl<S: StateMachine> Adapter<S> {
         std::fs::create_dir_all(dir)?;
         let snapshot_path = dir.join("snapshot.bin");
         let current = match std::fs::read(&snapshot_path) {
-            Ok(b) => Some(postcard::from_bytes::<SnapshotFile>(&b).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: {e}", snapshot_path.display()),
-                )
-            })?),
+            Ok(b) => Some(SnapshotFile::decode(&snapshot_path, &b)?),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
@@ -116,7 +157,7 @@ fn lock_err() -> io::Error {
 
 impl<S: StateMachine> Shared<S> {
     fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
-        let bytes = postcard::to_stdvec(file).map_err(io::Error::other)?;
+        let bytes = file.encode()?;
         let tmp = self.snapshot_path.with_extension("tmp");
         std::fs::write(&tmp, &bytes)?;
         std::fs::File::open(&tmp)?.sync_all()?;
@@ -202,7 +243,11 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
                 let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
                 applied.0 = Some(log_id);
                 match &entry.payload {
-                    EntryPayload::Normal(p) => sm.apply(log_id.index, log_id.leader_id.term, &p.0),
+                    // An error stops the member: this entry and the ones after it stay
+                    // unapplied, and openraft answers their proposers as it shuts down.
+                    EntryPayload::Normal(p) => {
+                        sm.try_apply(log_id.index, log_id.leader_id.term, &p.0)?
+                    }
                     EntryPayload::Membership(m) => {
                         applied.1 = StoredMembership::new(Some(log_id), m.clone());
                         sm.apply_empty(log_id.index);
@@ -330,5 +375,45 @@ mod tests {
         let bytes = postcard::to_stdvec(&file).unwrap();
         println!("snapshot file\n  {}", hex(&bytes));
         assert_eq!(hex(&bytes), SNAPSHOT_FILE_GOLDEN);
+        assert_eq!(file.encode().unwrap(), bytes, "version 1 is written bare");
+        let back = SnapshotFile::decode(Path::new("snapshot.bin"), &bytes).unwrap();
+        assert_eq!((back.meta, back.data), (file.meta, file.data));
+    }
+
+    /// A snapshot file from a newer build stops the member at start, naming the file and versions.
+    #[test]
+    fn a_snapshot_file_of_a_newer_format_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = snapshot_file().encode().unwrap();
+        std::fs::write(dir.path().join("snapshot.bin"), format::envelope(3, &body)).unwrap();
+        let Err(e) = Adapter::new(NoState, dir.path(), 1) else {
+            panic!("a newer snapshot file was read");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "snapshot file {} was written by format version 3; this broker-node reads up to \
+                 version 1: upgrade the binary",
+                dir.path().join("snapshot.bin").display()
+            )
+        );
+        // Today's bytes still read.
+        std::fs::write(dir.path().join("snapshot.bin"), &body).unwrap();
+        assert!(Adapter::new(NoState, dir.path(), 1).is_ok());
+    }
+
+    struct NoState;
+
+    impl StateMachine for NoState {
+        fn apply(&mut self, _index: u64, _term: u64, _payload: &[u8]) -> Bytes {
+            Bytes::new()
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn restore(&mut self, _data: &[u8]) -> io::Result<()> {
+            Ok(())
+        }
     }
 }

@@ -214,3 +214,60 @@ fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
     );
     assert_eq!(back.queue("orders", 1).map(|q| q.next_offset), Some(3));
 }
+
+#[test]
+fn the_golden_commands_cover_every_tag_in_order() {
+    let tags: Vec<u8> = commands().iter().map(|(c, _)| c.encode()[0]).collect();
+    assert_eq!(tags, (0..COMMAND_TAGS as u8).collect::<Vec<_>>());
+    for (cmd, _) in commands() {
+        assert_eq!(check_command_format(1, &cmd.encode()), Ok(()));
+    }
+}
+
+/// A command of a tag this build does not know stops the member instead of being applied as
+/// invalid (which would make this replica diverge), and says why.
+#[test]
+fn a_command_with_an_unknown_tag_stops_apply() {
+    let mut st = state();
+    let before = st.snapshot();
+    let e = st.try_apply(9, 1, &[COMMAND_TAGS as u8, 1, 2]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(
+        e.to_string(),
+        "log entry 9 holds a command with tag 5, which this broker-node does not know (command \
+         format version 1 has tags 0..5): it was written by a newer version; upgrade the binary"
+    );
+    assert_eq!(st.snapshot(), before, "nothing applied");
+    // A known command still applies.
+    let ok = st
+        .try_apply(9, 1, &Command::Trim { upto_log_index: 2 }.encode())
+        .unwrap();
+    assert_eq!(Reply::decode(&ok).unwrap(), Reply::Ok);
+}
+
+#[test]
+fn a_command_in_a_newer_envelope_stops_apply() {
+    let mut st = state();
+    let cmd = format::envelope(2, &Command::Trim { upto_log_index: 2 }.encode());
+    let e = st.try_apply(11, 1, &cmd).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "log entry 11 was written by format version 2; this broker-node reads up to version 1: \
+         upgrade the binary"
+    );
+    assert_eq!(st.trimmed_index, 1);
+}
+
+#[test]
+fn a_broker_state_snapshot_of_a_newer_format_is_refused() {
+    let snap = format::envelope(3, &state().snapshot());
+    let mut st = BrokerState::default();
+    let e = st.restore(&snap).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(
+        e.to_string(),
+        "the broker-state snapshot was written by format version 3; this broker-node reads up to \
+         version 1: upgrade the binary"
+    );
+    assert!(st.topics.is_empty());
+}

@@ -14,6 +14,19 @@
 //! A record is valid when its header fits in the file, `payload_len` is at most
 //! [`PAYLOAD_BYTES_MAX`], the whole payload fits in the file and the CRC matches. Recovery keeps the
 //! longest valid prefix of dense records and cuts the file there (a torn tail from a crash).
+//!
+//! ## Format version
+//!
+//! This is version 1 of the data dir's format, recorded in the metadata store
+//! (`meta.rs`, key `format_version`). A record has no version field of its own: a reader that
+//! cannot parse a record takes it for a torn tail and cuts the log there, so a record in an unknown
+//! layout would be lost, not refused. A new layout (or payload encoding) takes a new data-dir
+//! version, which a build that does not know it refuses before reading any segment.
+//!
+//! The payload is openraft's `EntryPayload` in postcard: a varint tag (0 blank, 1 normal,
+//! 2 membership) then its fields; a normal entry's data is the application's bytes as a
+//! length-prefixed byte string. That enum's variant order is openraft's, and it is our tag on
+//! disk: the golden test below fails if an openraft upgrade moves it.
 
 use crate::types::{EntryPayload, LogId};
 

@@ -11,6 +11,8 @@
 //! - `save_vote` first waits until every earlier append is on disk, then writes the vote to sled and
 //!   flushes it, so a vote is never persisted ahead of the log it was cast with.
 //! - `truncate_after` and `purge` are durable before they return (they are rare).
+//! - `save_vote`, `truncate_after` and `purge` do their blocking work (waiting for the flusher,
+//!   fsyncs, sled flushes) on a blocking thread, never on one of the runtime's workers.
 //! - Any I/O error is returned to openraft (or passed to the callback), which then stops the node:
 //!   a member whose storage fails must not keep voting.
 //!
@@ -215,6 +217,69 @@ impl LogStore {
         };
         self.flusher.barrier(file.into_iter().collect())
     }
+
+    /// Runs `f`, which blocks (a wait for the flusher, an fsync, a sled flush), on a blocking
+    /// thread and waits for it: the runtime's workers keep carrying heartbeats and client requests
+    /// meanwhile, and the caller still returns only once `f` is done.
+    async fn off_runtime(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&LogStore) -> io::Result<()> + Send + 'static,
+    ) -> io::Result<()> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| io::Error::other(format!("{what} task failed: {e}")))?
+    }
+
+    /// Cuts every entry after `last_log_id`, durably. Blocks.
+    fn truncate_after_now(&self, last_log_id: Option<LogId>) -> io::Result<()> {
+        self.barrier()?;
+        let mut g = self.inner.write().map_err(|_| poisoned())?;
+        let keep_next = last_log_id.map(|l| l.index + 1).unwrap_or(0);
+        g.tail.truncate_from(keep_next);
+        let doomed: Vec<u64> = g.segments.range(keep_next..).map(|(k, _)| *k).collect();
+        for first in doomed {
+            if let Some(seg) = g.segments.remove(&first) {
+                seg.remove()?;
+            }
+        }
+        if let Some((_, seg)) = g.segments.range_mut(..keep_next).next_back() {
+            seg.truncate_to(keep_next)?;
+        }
+        g.last = g.read_last_log_id()?.or(self.meta.purged()?);
+        let dir = g.dir.clone();
+        drop(g);
+        sync_dir(&dir)
+    }
+
+    /// Records the purge point, then deletes the sealed segments wholly at or below it, durably.
+    /// Blocks.
+    fn purge_now(&self, log_id: LogId) -> io::Result<()> {
+        self.meta.save_purged(&log_id)?;
+        let mut g = self.inner.write().map_err(|_| poisoned())?;
+        let n = g.segments.len();
+        let doomed: Vec<u64> = g
+            .segments
+            .values()
+            .take(n.saturating_sub(1))
+            .filter(|s| s.next_index() <= log_id.index + 1)
+            .map(|s| s.first_index())
+            .collect();
+        for first in doomed {
+            if let Some(seg) = g.segments.remove(&first) {
+                seg.remove()?;
+            }
+        }
+        if g.last.is_none_or(|l| l.index < log_id.index) {
+            g.last = Some(log_id);
+        }
+        g.purged = Some(log_id.index);
+        g.tail.purge_to(log_id.index);
+        let dir = g.dir.clone();
+        drop(g);
+        sync_dir(&dir)
+    }
 }
 
 impl Inner {
@@ -380,13 +445,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// on disk, then writes and flushes the vote. Both steps block, so they run on a blocking
     /// thread rather than on one of the runtime's workers.
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        let (store, vote) = (self.clone(), *vote);
-        tokio::task::spawn_blocking(move || {
-            store.barrier()?;
-            store.meta.save_vote(&vote)
+        let vote = *vote;
+        self.off_runtime("vote write", move |s| {
+            s.barrier()?;
+            s.meta.save_vote(&vote)
         })
         .await
-        .map_err(|e| io::Error::other(format!("vote write task failed: {e}")))?
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -437,48 +501,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
-        self.barrier()?;
-        let mut g = self.inner.write().map_err(|_| poisoned())?;
-        let keep_next = last_log_id.map(|l| l.index + 1).unwrap_or(0);
-        g.tail.truncate_from(keep_next);
-        let doomed: Vec<u64> = g.segments.range(keep_next..).map(|(k, _)| *k).collect();
-        for first in doomed {
-            if let Some(seg) = g.segments.remove(&first) {
-                seg.remove()?;
-            }
-        }
-        if let Some((_, seg)) = g.segments.range_mut(..keep_next).next_back() {
-            seg.truncate_to(keep_next)?;
-        }
-        g.last = g.read_last_log_id()?.or(self.meta.purged()?);
-        let dir = g.dir.clone();
-        drop(g);
-        sync_dir(&dir)
+        self.off_runtime("log truncation", move |s| s.truncate_after_now(last_log_id))
+            .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
-        self.meta.save_purged(&log_id)?;
-        let mut g = self.inner.write().map_err(|_| poisoned())?;
-        let n = g.segments.len();
-        let doomed: Vec<u64> = g
-            .segments
-            .values()
-            .take(n.saturating_sub(1))
-            .filter(|s| s.next_index() <= log_id.index + 1)
-            .map(|s| s.first_index())
-            .collect();
-        for first in doomed {
-            if let Some(seg) = g.segments.remove(&first) {
-                seg.remove()?;
-            }
-        }
-        if g.last.is_none_or(|l| l.index < log_id.index) {
-            g.last = Some(log_id);
-        }
-        g.purged = Some(log_id.index);
-        g.tail.purge_to(log_id.index);
-        let dir = g.dir.clone();
-        drop(g);
-        sync_dir(&dir)
+        self.off_runtime("log purge", move |s| s.purge_now(log_id))
+            .await
     }
 }

@@ -54,15 +54,15 @@ impl Meta {
         Meta { tree }
     }
 
-    /// Opens the metadata of the data dir `data_dir` (named in errors): checks its format version
-    /// and records version 1 when none is recorded yet. A newer version is an error, and the member
-    /// must not start: it would misread the log.
-    pub fn open(tree: sled::Tree, data_dir: &std::path::Path) -> io::Result<Meta> {
+    /// Opens the metadata of a data dir: checks its format version and records version 1 when none
+    /// is recorded yet. A newer version is an error (which the caller prefixes with the path), and
+    /// the member must not start: it would misread the log.
+    pub fn open(tree: sled::Tree) -> io::Result<Meta> {
         let meta = Meta { tree };
         match meta.get::<u32>(FORMAT_VERSION)? {
             Some(found) if found > DATA_DIR_FORMAT_VERSION => {
                 return Err(crate::state_machine::format::NewerFormat {
-                    what: format!("data dir {}", data_dir.display()),
+                    what: "the data dir".to_string(),
                     found,
                     known: DATA_DIR_FORMAT_VERSION,
                 }
@@ -168,11 +168,11 @@ mod tests {
         Meta::new(tree.clone()).save_vote(&Vote::new(3, 1)).unwrap();
         assert_eq!(Meta::new(tree.clone()).format_version().unwrap(), 1);
         assert!(tree.get(FORMAT_VERSION).unwrap().is_none());
-        let meta = Meta::open(tree.clone(), std::path::Path::new("d1")).unwrap();
+        let meta = Meta::open(tree.clone()).unwrap();
         assert_eq!(hex(&tree.get(FORMAT_VERSION).unwrap().unwrap()), "01");
         assert_eq!(meta.vote().unwrap(), Some(Vote::new(3, 1)));
         // Opening again reads it back.
-        assert!(Meta::open(tree, std::path::Path::new("d1")).is_ok());
+        assert!(Meta::open(tree).is_ok());
     }
 
     #[test]
@@ -181,13 +181,13 @@ mod tests {
         Meta::new(tree.clone())
             .put(FORMAT_VERSION, &3u32, true)
             .unwrap();
-        let Err(e) = Meta::open(tree.clone(), std::path::Path::new("data/n1")) else {
+        let Err(e) = Meta::open(tree.clone()) else {
             panic!("a newer data dir was opened");
         };
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert_eq!(
             e.to_string(),
-            "data dir data/n1 was written by format version 3; this broker-node reads up to \
+            "the data dir was written by format version 3; this broker-node reads up to \
              version 1: upgrade the binary"
         );
         // The refused data dir is left as it was.

@@ -91,7 +91,8 @@ impl<S: StateMachine> Member<S> {
         let tree = db.open_tree("raft").map_err(|e| {
             Error::metadata("open the raft tree of the metadata store", &meta_dir, e)
         })?;
-        let meta = Meta::new(tree);
+        let meta =
+            Meta::open(tree).map_err(|e| Error::io("open the metadata store", &meta_dir, e))?;
         let log_dir = dir.join("log");
         let (store, recovery) = LogStore::open(
             &log_dir,

@@ -241,10 +241,9 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
             let reply = {
                 let mut sm = self.shared.sm.write().map_err(|_| lock_err())?;
                 let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
-                applied.0 = Some(log_id);
-                match &entry.payload {
-                    // An error stops the member: this entry and the ones after it stay
-                    // unapplied, and openraft answers their proposers as it shuts down.
+                let reply = match &entry.payload {
+                    // An error stops the member (openraft takes it as fatal): this entry and the
+                    // ones after it stay unapplied, and their responders go with the member.
                     EntryPayload::Normal(p) => {
                         sm.try_apply(log_id.index, log_id.leader_id.term, &p.0)?
                     }
@@ -257,7 +256,9 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
                         sm.apply_empty(log_id.index);
                         Bytes::new()
                     }
-                }
+                };
+                applied.0 = Some(log_id);
+                reply
             };
             if log_id.index > 0 && log_id.index % self.shared.checkpoint_every == 0 {
                 let sm = self.shared.sm.read().map_err(|_| lock_err())?;

@@ -46,6 +46,8 @@
 //! Modules: [`workload`] sends and records the history and reads every node back; [`faults`]
 //! injects and heals faults; [`check`](mod@check) compares the history with what was read;
 //! [`report`] holds and prints the result; [`scenario`] runs a round of all of them.
+//!
+//! [`check`]: fn@check
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;

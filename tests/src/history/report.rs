@@ -48,6 +48,8 @@ pub struct Report {
     pub liveness: Vec<FaultLiveness>,
     pub excerpts: Vec<String>,
     /// Large-log mode: the fill and the check of [`FILL_TOPIC`].
+    ///
+    /// [`FILL_TOPIC`]: super::FILL_TOPIC
     pub fill: Option<Box<FillReport>>,
 }
 
@@ -56,8 +58,13 @@ pub struct Report {
 pub struct FillReport {
     pub stats: FillStats,
     /// [`check`] of the fill's history against every node's compacted read ([`read_fill`]).
+    ///
+    /// [`check`]: fn@super::check
+    /// [`read_fill`]: super::read_fill
     pub check: Report,
     /// Per node, per queue of [`FILL_TOPIC`].
+    ///
+    /// [`FILL_TOPIC`]: super::FILL_TOPIC
     pub sums: BTreeMap<u64, Vec<QueueSum>>,
     /// Every node holds the same messages, offsets and bodies in every queue of the fill.
     pub sums_identical: bool,

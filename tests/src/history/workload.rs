@@ -343,6 +343,8 @@ const FILL_PULL_MAX: u32 = 256;
 /// Memory is tens of bytes per 8 KiB message, and the three nodes are read concurrently, so the
 /// read-back of a 1 GiB round is bound by the nodes' disks (seconds to tens of seconds), well
 /// under a minute.
+///
+/// [`check`]: fn@super::check
 #[derive(Clone, Debug)]
 pub struct LargeLogCfg {
     /// MiB sent before the load starts.
@@ -490,6 +492,8 @@ pub struct QueueSum {
 /// [`check`] reports as unexpected. Check the result against [`History`] ops whose `len` is 0 (as
 /// `run_round` does): then every comparison [`check`] makes of compacted bodies (divergence,
 /// missing, lost, misplaced, duplicates, order) is the comparison of the real bodies.
+///
+/// [`check`]: fn@super::check
 pub async fn read_fill(addr: &str) -> (NodeRead, Vec<QueueSum>) {
     read_topic(addr, FILL_TOPIC, None, FILL_PULL_MAX, true).await
 }

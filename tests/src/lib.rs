@@ -1,15 +1,15 @@
 //! Shared helpers of the integration tests: a local cluster of REAL processes (`nameserver` and
 //! `broker-node` binaries from this workspace's target dir) on 127.0.0.1, killed with real signals.
+//! The cluster is the CLI's [`LocalCluster`] (one process harness for the CLI and the tests), and
+//! the polling and the leader search are the CLI's [`raftmq_cli::probe`].
 //!
 //! The binaries must be built first (`cargo build --bins`; the README's test command does it).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use raftmq_cli::local_cluster::{LocalCluster, LocalClusterOptions};
+use raftmq_cli::probe::{self, Leader, LeaderRule, Progress, RoleView, WaitTimeout, find_leader};
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::*;
 use tonic::transport::Channel;
@@ -49,44 +49,46 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Waits for `f` to return Some, polling; panics naming `what` after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+/// How often the tests poll a condition.
+pub const POLL: Duration = Duration::from_millis(25);
+
+/// The shared [`raftmq_cli::probe::wait_for`] polling every [`POLL`], panicking on timeout with
+/// what it waited for. `f` returns `Some`/`Ok` when the condition holds (`Err` says why not yet).
+pub async fn wait_for<T, P, F, Fut>(what: &str, timeout: Duration, f: F) -> T
 where
+    P: Progress<T>,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
+    Fut: std::future::Future<Output = P>,
 {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            t.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
+    probe::wait_for(what, timeout, POLL, f)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A nameserver and one broker group of real processes: the CLI's [`LocalCluster`] (which it
+/// dereferences to: `nodes`, `kill`, `spawn`, `data_dir`, `nameserver`, …) started from this
+/// workspace's binaries, in a directory the test owns, plus the fault proxy when asked for.
+/// Every process is SIGKILLed on drop; methods panic where the test cannot go on.
+pub struct Cluster {
+    /// The processes; declared first, so they die before their directory goes.
+    pub local: LocalCluster,
+    /// Data dirs (`node-N`) and logs (`node-N.log`, `nameserver.log`).
+    pub dir: tempfile::TempDir,
+    /// The fault proxy every node's Raft traffic goes through, when started with one.
+    pub proxy: Option<proxy::FaultProxy>,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.local
     }
 }
 
-pub struct NodeProc {
-    pub id: u64,
-    pub addr: String,
-    pub child: Option<Child>,
-    pub stopped: bool,
-}
-
-/// A nameserver and one broker group of real processes. Every process is SIGKILLed on drop.
-pub struct Cluster {
-    pub dir: tempfile::TempDir,
-    pub ns_addr: String,
-    pub ns: Option<Child>,
-    pub nodes: BTreeMap<u64, NodeProc>,
-    pub extra: Vec<String>,
-    /// Environment variables given to every broker-node (e.g. `RAFTMQ_TRACK_DURABLE=1`).
-    pub env: Vec<(String, String)>,
-    pub broker: String,
-    /// The fault proxy every node's Raft traffic goes through, when started with one.
-    pub proxy: Option<proxy::FaultProxy>,
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut LocalCluster {
+        &mut self.local
+    }
 }
 
 impl Cluster {
@@ -100,6 +102,18 @@ impl Cluster {
         Cluster::start_opts(n, extra, env, false).await
     }
 
+    /// The options of every test cluster: this workspace's binaries, a nameserver that expires
+    /// a silent broker after 3 s, `RUST_LOG=info,openraft=warn` (which `env` may override).
+    pub fn options(n: u64, extra: &[&str], env: &[(&str, &str)]) -> LocalClusterOptions {
+        let opts = LocalClusterOptions::new(n)
+            .bin_dir(bin_dir())
+            .nameserver_args(["--expiry-secs", "3", "--scan-interval-ms", "500"])
+            .broker_args(extra)
+            .env("RUST_LOG", "info,openraft=warn")
+            .share_cores(false);
+        env.iter().fold(opts, |o, (k, v)| o.env(k, v))
+    }
+
     /// As `start_with_env`; with `proxied`, every Raft link between nodes goes through a
     /// [`proxy::FaultProxy`] (`Cluster::proxy`) that can cut it.
     pub async fn start_opts(
@@ -109,135 +123,66 @@ impl Cluster {
         proxied: bool,
     ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let ns_addr = format!("127.0.0.1:{}", free_port());
-        let ns = Command::new(bin("nameserver"))
-            .args([
-                "--listen",
-                &ns_addr,
-                "--expiry-secs",
-                "3",
-                "--scan-interval-ms",
-                "500",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nameserver");
-        let mut nodes = BTreeMap::new();
-        for id in 1..=n {
-            nodes.insert(
-                id,
-                NodeProc {
-                    id,
-                    addr: format!("127.0.0.1:{}", free_port()),
-                    child: None,
-                    stopped: false,
-                },
-            );
-        }
-        let mut c = Cluster {
-            dir,
-            ns_addr,
-            ns: Some(ns),
-            nodes,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            broker: "broker-a".into(),
-            proxy: None,
-        };
+        let opts = Cluster::options(n, extra, env).dir(dir.path());
+        let mut local = LocalCluster::create(opts).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut proxy = None;
         if proxied {
-            let addrs = c.nodes.values().map(|n| (n.id, n.addr.clone())).collect();
-            c.proxy = Some(proxy::FaultProxy::start(&addrs).await);
+            let addrs = local
+                .nodes
+                .values()
+                .map(|n| (n.node_id, n.addr.clone()))
+                .collect();
+            let p = proxy::FaultProxy::start(&addrs).await;
+            for id in 1..=n {
+                local
+                    .set_node_args(id, ["--peer-routes", p.routes_of(id).as_str()])
+                    .unwrap();
+            }
+            proxy = Some(p);
         }
-        for id in 1..=n {
-            c.spawn(id);
-        }
+        local.launch().unwrap_or_else(|e| panic!("{e:#}"));
+        let c = Cluster { local, dir, proxy };
         c.leader().await;
         c
     }
 
-    pub fn peers(&self) -> String {
-        self.nodes
-            .values()
-            .map(|n| format!("{}={}", n.id, n.addr))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    pub fn data_dir(&self, id: u64) -> PathBuf {
-        self.dir.path().join(format!("node{id}"))
-    }
-
     /// Starts (or restarts) node `id` from its data dir.
     pub fn spawn(&mut self, id: u64) {
-        let peers = self.peers();
-        let routes = self.proxy.as_ref().map(|p| p.routes_of(id));
-        let data = self.data_dir(id);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("node{id}.log")))
-            .unwrap();
-        let n = self.nodes.get_mut(&id).unwrap();
-        let child = Command::new(bin("broker-node"))
-            .args([
-                "--broker",
-                "broker-a",
-                "--node-id",
-                &id.to_string(),
-                "--listen",
-                &n.addr,
-                "--peers",
-                &peers,
-            ])
-            .args([
-                "--nameservers",
-                &self.ns_addr,
-                "--data-dir",
-                data.to_str().unwrap(),
-            ])
-            .args(&self.extra)
-            .args(routes.iter().flat_map(|r| ["--peer-routes", r.as_str()]))
-            .env("RUST_LOG", "info,openraft=warn")
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start broker-node");
-        n.child = Some(child);
-        n.stopped = false;
-    }
-
-    pub fn signal(&self, id: u64, sig: Signal) {
-        if let Some(c) = &self.nodes[&id].child {
-            let _ = kill(Pid::from_raw(c.id() as i32), sig);
-        }
+        self.local
+            .spawn(id)
+            .unwrap_or_else(|e| panic!("start node {id}: {e:#}"));
     }
 
     /// SIGKILL: no shutdown, sockets and unsynced state gone with the process.
     pub fn kill(&mut self, id: u64) {
-        self.signal(id, Signal::SIGCONT);
-        self.signal(id, Signal::SIGKILL);
-        if let Some(mut c) = self.nodes.get_mut(&id).unwrap().child.take() {
-            let _ = c.wait();
+        self.local
+            .kill(id)
+            .unwrap_or_else(|e| panic!("kill node {id}: {e:#}"));
+    }
+
+    /// SIGKILLs every node.
+    pub fn kill_all(&mut self) {
+        self.local
+            .kill_all()
+            .unwrap_or_else(|e| panic!("kill the nodes: {e:#}"));
+    }
+
+    /// SIGSTOP (a node that does not run is left alone).
+    pub fn pause(&mut self, id: u64) {
+        if self.local.is_running(id) {
+            self.local
+                .stop(id)
+                .unwrap_or_else(|e| panic!("pause node {id}: {e:#}"));
         }
     }
 
-    pub fn pause(&mut self, id: u64) {
-        self.signal(id, Signal::SIGSTOP);
-        self.nodes.get_mut(&id).unwrap().stopped = true;
-    }
-
+    /// SIGCONT after [`Cluster::pause`].
     pub fn resume(&mut self, id: u64) {
-        self.signal(id, Signal::SIGCONT);
-        self.nodes.get_mut(&id).unwrap().stopped = false;
-    }
-
-    pub fn is_up(&self, id: u64) -> bool {
-        self.nodes[&id].child.is_some() && !self.nodes[&id].stopped
+        if self.local.is_running(id) {
+            self.local
+                .resume(id)
+                .unwrap_or_else(|e| panic!("resume node {id}: {e:#}"));
+        }
     }
 
     pub async fn client(&self, id: u64) -> BrokerServiceClient<Channel> {
@@ -263,34 +208,35 @@ impl Cluster {
             .map(|r| r.into_inner())
     }
 
-    /// Waits until exactly one running node claims to lead and every running node agrees on it.
-    pub async fn leader(&self) -> u64 {
-        wait_for(
+    /// What every running, unpaused node says of its role (`None`: it did not answer).
+    pub async fn role_views(&self) -> Vec<(u64, Option<RoleView>)> {
+        let mut views = Vec::new();
+        for id in self.nodes.keys().copied() {
+            if self.is_up(id) {
+                views.push((id, self.status(id).await.as_ref().map(RoleView::from)));
+            }
+        }
+        views
+    }
+
+    /// Waits at most `timeout` until exactly one running node claims to lead and every running
+    /// node answers and agrees on it.
+    pub async fn agreed_leader(&self, timeout: Duration) -> Result<Leader, WaitTimeout> {
+        probe::wait_for(
             "one leader agreed by every running node",
-            Duration::from_secs(20),
-            || async {
-                let mut leaders = Vec::new();
-                let mut seen = Vec::new();
-                for id in self.nodes.keys() {
-                    if !self.is_up(*id) {
-                        continue;
-                    }
-                    let st = self.status(*id).await?;
-                    if st.role == "leader" {
-                        leaders.push(*id);
-                    }
-                    seen.push(st.leader.map(|l| l.node_id));
-                }
-                (leaders.len() == 1 && seen.iter().all(|l| *l == Some(leaders[0])))
-                    .then(|| leaders[0])
-            },
+            timeout,
+            POLL,
+            || async { find_leader(&self.role_views().await, LeaderRule::Agreed) },
         )
         .await
     }
 
-    /// The client addresses of every node.
-    pub fn addrs(&self) -> Vec<String> {
-        self.nodes.values().map(|n| n.addr.clone()).collect()
+    /// [`Cluster::agreed_leader`] within 20 s, or panics.
+    pub async fn leader(&self) -> u64 {
+        self.agreed_leader(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .node_id
     }
 
     /// Creates a topic on the agreed leader; panics with the broker's error if it refuses.
@@ -311,27 +257,7 @@ impl Cluster {
     }
 
     pub fn node_log(&self, id: u64) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("node{id}.log"))).unwrap_or_default()
-    }
-}
-
-impl Cluster {
-    /// SIGKILLs every node.
-    pub fn kill_all(&mut self) {
-        let ids: Vec<u64> = self.nodes.keys().copied().collect();
-        for id in ids {
-            self.kill(id);
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.kill_all();
-        if let Some(mut ns) = self.ns.take() {
-            let _ = ns.kill();
-            let _ = ns.wait();
-        }
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
     }
 }
 

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use raftmq_cli::probe::{self, LeaderRule, RoleView, find_leader};
 use serde_json::Value;
 
 const NAMESERVERS: &str = "ns1:9876;ns2:9876";
@@ -340,18 +341,18 @@ fn must(what: &str, out: Out) -> String {
     out.stdout
 }
 
-/// Polls `probe` until it returns `Ok`, at most `timeout`; panics with its last complaint.
+/// The shared [`raftmq_cli::probe::wait_for`] for these synchronous tests: polls `probe` every
+/// [`POLL`] until it returns `Ok`, at most `timeout`; panics with its last complaint.
 fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let start = Instant::now();
-    loop {
-        match probe() {
-            Ok(value) => return value,
-            Err(last) if start.elapsed() >= timeout => {
-                panic!("timed out after {timeout:?} waiting for {what}; last: {last}")
-            }
-            Err(_) => std::thread::sleep(POLL),
-        }
-    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime for polling");
+    runtime
+        .block_on(probe::wait_for(what, timeout, POLL, || {
+            std::future::ready(probe())
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -778,13 +779,25 @@ impl Group {
             .ok_or_else(|| format!("no node {id}: {self}"))
     }
 
-    /// The one node whose role is leader, agreeing with `leader_id`.
+    /// The one node whose role is leader, agreeing with `leader_id` (the shared leader search:
+    /// every node "names" the leader the nameserver reports for the group).
     fn single_leader(&self) -> Result<&NodeView, String> {
-        let leaders: Vec<&NodeView> = self.nodes.iter().filter(|n| n.role == "leader").collect();
-        match leaders.as_slice() {
-            [one] if self.leader_id == Some(one.node_id) => Ok(one),
-            _ => Err(format!("not exactly one agreed leader: {self}")),
-        }
+        let views: Vec<(u64, Option<RoleView>)> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let view = RoleView {
+                    node_id: n.node_id,
+                    role: n.role.clone(),
+                    term: n.term,
+                    leader: self.leader_id,
+                };
+                (n.node_id, Some(view))
+            })
+            .collect();
+        let leader = find_leader(&views, LeaderRule::Agreed)
+            .map_err(|e| format!("not exactly one agreed leader ({e}): {self}"))?;
+        self.node(leader.node_id)
     }
 }
 

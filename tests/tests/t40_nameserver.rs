@@ -58,8 +58,8 @@ async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node()
         .spawn()
         .unwrap());
     // Restart every node so that it registers with both nameservers.
-    let ns1_addr = c.ns_addr.clone();
-    c.ns_addr = format!("{ns1_addr};{ns2_addr}");
+    let ns1_addr = c.nameserver.clone();
+    c.nameserver = format!("{ns1_addr};{ns2_addr}");
     for id in 1..=3 {
         c.kill(id);
         c.spawn(id);

@@ -81,37 +81,17 @@ async fn t51_node_add_and_remove_through_the_command() {
     send_batches(&mut p, 40, &mut acked, "before").await;
 
     // Node 4: no peers, no data; it waits to be added.
-    let addr4 = format!("127.0.0.1:{}", free_port());
-    let data4 = c.dir.path().join("node4");
-    let log4 = std::fs::File::create(c.dir.path().join("node4.log")).unwrap();
-    let child = Command::new(bin("broker-node"))
-        .args(["--broker", "broker-a", "--node-id", "4", "--listen", &addr4])
-        .args(["--nameservers", &c.ns_addr, "--data-dir"])
-        .arg(&data4)
-        .env("RUST_LOG", "info,openraft=warn")
-        .stdout(Stdio::null())
-        .stderr(log4)
-        .spawn()
-        .expect("start node 4");
-    c.nodes.insert(
-        4,
-        NodeProc {
-            id: 4,
-            addr: addr4.clone(),
-            child: Some(child),
-            stopped: false,
-        },
-    );
+    let addr4 = c.add_node(4).expect("start node 4");
 
     // Bad input first: removing a voter that is not there is refused with the reason.
     let (ok, _, err) = raftmq(
-        &c.ns_addr,
+        &c.nameserver,
         &["node", "remove", "--broker", "broker-a", "--node-id", "9"],
     );
     assert!(!ok && err.contains("not a voter"), "{err}");
 
     let (ok, out, err) = raftmq(
-        &c.ns_addr,
+        &c.nameserver,
         &[
             "node",
             "add",
@@ -150,7 +130,7 @@ async fn t51_node_add_and_remove_through_the_command() {
     c.leader().await;
 
     let (ok, out, err) = raftmq(
-        &c.ns_addr,
+        &c.nameserver,
         &[
             "node",
             "remove",

@@ -223,7 +223,7 @@ async fn t05_a_dead_peer_costs_the_leader_neither_log_lines_nor_cpu() {
     let mut c = Cluster::start_with_env(3, &[], &[("RUST_LOG", DEFAULT_LOG_FILTER)]).await;
     let leader = c.leader().await;
     let f = *c.nodes.keys().find(|id| **id != leader).unwrap();
-    let pid = c.nodes[&leader].child.as_ref().unwrap().id();
+    let pid = c.pid(leader).unwrap();
     let addr = c.nodes[&leader].addr.clone();
     let term0 = biglog::max_term(&c).await;
     // The healthy group, idle, for 10 s.

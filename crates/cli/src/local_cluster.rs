@@ -13,6 +13,7 @@
 //! SIGTERM). Readiness is observed (node status, nameserver view), never assumed after a sleep.
 //! Each node's standard output and error go to `node-N.log` in the directory.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -31,6 +32,8 @@ pub const SERVERS_BUILT_IN: bool = crate::servers::BUILT_IN;
 /// How long a fresh cluster may take to elect a leader and register it.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How to start a [`LocalCluster`]: `LocalClusterOptions::new(3).broker_args(["--flag", "v"])…`.
+/// `Default` is what the CLI's demo and benches run: three nodes of `broker-a`.
 #[derive(Debug, Clone)]
 pub struct LocalClusterOptions {
     pub nodes: u64,
@@ -38,6 +41,19 @@ pub struct LocalClusterOptions {
     pub broker: String,
     /// Keep the directory (data, logs) after drop.
     pub keep_dir: bool,
+    /// Put data and logs here (the caller owns the directory) instead of a new temporary one.
+    pub dir: Option<PathBuf>,
+    /// Run the `nameserver` and `broker-node` binaries of this directory, and nothing else.
+    pub bin_dir: Option<PathBuf>,
+    /// Extra flags of the nameserver.
+    pub nameserver_args: Vec<String>,
+    /// Extra flags of every broker node.
+    pub broker_args: Vec<String>,
+    /// Environment of every broker node (set after the defaults, so they override them).
+    pub env: Vec<(String, String)>,
+    /// Divide this machine's cores among the nodes (`TOKIO_WORKER_THREADS`, see
+    /// `worker_threads`); off, each node starts the runtime's default number of workers.
+    pub share_cores: bool,
 }
 
 impl Default for LocalClusterOptions {
@@ -47,7 +63,62 @@ impl Default for LocalClusterOptions {
             cluster: "DefaultCluster".into(),
             broker: "broker-a".into(),
             keep_dir: false,
+            dir: None,
+            bin_dir: None,
+            nameserver_args: Vec::new(),
+            broker_args: Vec::new(),
+            env: Vec::new(),
+            share_cores: true,
         }
+    }
+}
+
+fn strings<S: AsRef<str>>(v: impl IntoIterator<Item = S>) -> Vec<String> {
+    v.into_iter().map(|s| s.as_ref().to_owned()).collect()
+}
+
+impl LocalClusterOptions {
+    /// `nodes` nodes, otherwise the defaults.
+    pub fn new(nodes: u64) -> Self {
+        LocalClusterOptions {
+            nodes,
+            ..Default::default()
+        }
+    }
+
+    pub fn keep_dir(mut self, keep: bool) -> Self {
+        self.keep_dir = keep;
+        self
+    }
+
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.dir = Some(dir.into());
+        self
+    }
+
+    pub fn bin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.bin_dir = Some(dir.into());
+        self
+    }
+
+    pub fn nameserver_args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.nameserver_args.extend(strings(args));
+        self
+    }
+
+    pub fn broker_args<S: AsRef<str>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.broker_args.extend(strings(args));
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn share_cores(mut self, share: bool) -> Self {
+        self.share_cores = share;
+        self
     }
 }
 
@@ -61,6 +132,23 @@ enum Launcher {
 }
 
 impl Launcher {
+    /// The binaries of `dir`, which must both be there.
+    fn in_dir(dir: &Path) -> Result<Launcher> {
+        let (nameserver, broker_node) = (dir.join("nameserver"), dir.join("broker-node"));
+        for p in [&nameserver, &broker_node] {
+            if !p.is_file() {
+                bail!(
+                    "{} is missing: build the binaries first with `cargo build --bins`",
+                    p.display()
+                );
+            }
+        }
+        Ok(Launcher::Binaries {
+            nameserver,
+            broker_node,
+        })
+    }
+
     fn find() -> Result<Launcher> {
         let exe = std::env::current_exe().context("locating the running executable")?;
         let mut dirs = Vec::new();
@@ -142,10 +230,59 @@ fn modified(p: &Path) -> Option<std::time::SystemTime> {
 #[derive(Debug)]
 pub struct LocalNode {
     pub node_id: u64,
-    pub address: String,
+    /// Its client and Raft address, `127.0.0.1:<port>`.
+    pub addr: String,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// Started without `--peers`: it waits to be added to the group.
+    joining: bool,
+    /// Flags of this node only (e.g. the fault proxy's `--peer-routes`).
+    args: Vec<String>,
     child: Option<Child>,
+    /// SIGSTOPped.
+    stopped: bool,
+}
+
+impl LocalNode {
+    fn data_dir_in(root: &Path, id: u64) -> PathBuf {
+        root.join(format!("node-{id}"))
+    }
+
+    fn log_in(root: &Path, id: u64) -> PathBuf {
+        root.join(format!("node-{id}.log"))
+    }
+
+    fn new(root: &Path, id: u64, port: u16, joining: bool) -> LocalNode {
+        LocalNode {
+            node_id: id,
+            addr: format!("127.0.0.1:{port}"),
+            data_dir: LocalNode::data_dir_in(root, id),
+            log: LocalNode::log_in(root, id),
+            joining,
+            args: Vec::new(),
+            child: None,
+            stopped: false,
+        }
+    }
+}
+
+/// The nodes by id (read-only: nodes come and go through [`LocalCluster`]'s methods).
+#[derive(Debug, Default)]
+pub struct Nodes(BTreeMap<u64, LocalNode>);
+
+impl std::ops::Deref for Nodes {
+    type Target = BTreeMap<u64, LocalNode>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a Nodes {
+    type Item = (&'a u64, &'a LocalNode);
+    type IntoIter = std::collections::btree_map::Iter<'a, u64, LocalNode>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 /// A nameserver and one broker group running as child processes. See the module docs.
@@ -153,13 +290,14 @@ pub struct LocalCluster {
     dir: Option<tempfile::TempDir>,
     root: PathBuf,
     launcher: Launcher,
+    opts: LocalClusterOptions,
     pub cluster: String,
     pub broker: String,
+    /// The nameserver list given to nodes started from now on (`a;b` for several).
     pub nameserver: String,
     ns_log: PathBuf,
     ns: Option<Child>,
-    nodes: Vec<LocalNode>,
-    peers: String,
+    pub nodes: Nodes,
 }
 
 /// Free ports on 127.0.0.1, distinct (all listeners are held until every port is chosen).
@@ -205,54 +343,8 @@ pub fn log_tail(path: &Path, n: usize) -> String {
 impl LocalCluster {
     /// Starts the processes and waits until a leader is elected and known to the nameserver.
     pub async fn start(opts: LocalClusterOptions) -> Result<LocalCluster> {
-        let launcher = Launcher::find()?;
-        let dir = tempfile::Builder::new()
-            .prefix("raftmq-local-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        let root = dir.path().to_path_buf();
-        let ports = free_ports(1 + opts.nodes as usize)?;
-        let nameserver = format!("127.0.0.1:{}", ports[0]);
-        let nodes: Vec<LocalNode> = (1..=opts.nodes)
-            .map(|id| LocalNode {
-                node_id: id,
-                address: format!("127.0.0.1:{}", ports[id as usize]),
-                data_dir: root.join(format!("node-{id}")),
-                log: root.join(format!("node-{id}.log")),
-                child: None,
-            })
-            .collect();
-        let peers = nodes
-            .iter()
-            .map(|n| format!("{}={}", n.node_id, n.address))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut cluster = LocalCluster {
-            dir: Some(dir),
-            root: root.clone(),
-            launcher,
-            cluster: opts.cluster,
-            broker: opts.broker,
-            nameserver,
-            ns_log: root.join("nameserver.log"),
-            ns: None,
-            nodes,
-            peers,
-        };
-        if opts.keep_dir
-            && let Some(d) = cluster.dir.take()
-        {
-            let _ = d.keep();
-        }
-        tracing::info!(
-            "local cluster in {} using {}",
-            root.display(),
-            cluster.launcher.describe()
-        );
-        cluster.spawn_nameserver()?;
-        for id in 1..=opts.nodes {
-            cluster.spawn_node(id)?;
-        }
+        let mut cluster = LocalCluster::create(opts)?;
+        cluster.launch()?;
         if let Err(e) = cluster.wait_ready(READY_TIMEOUT).await {
             // Keep the logs for whoever has to find out why.
             if let Some(d) = cluster.dir.take() {
@@ -263,21 +355,138 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    /// Chooses ports, directories and programs; starts nothing (see [`LocalCluster::launch`]).
+    pub fn create(opts: LocalClusterOptions) -> Result<LocalCluster> {
+        let launcher = match &opts.bin_dir {
+            Some(d) => Launcher::in_dir(d)?,
+            None => Launcher::find()?,
+        };
+        let (dir, root) = match &opts.dir {
+            Some(root) => (None, root.clone()),
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("raftmq-local-")
+                    .tempdir()
+                    .context("creating a temporary directory")?;
+                let root = dir.path().to_path_buf();
+                (Some(dir), root)
+            }
+        };
+        let ports = free_ports(1 + opts.nodes as usize)?;
+        let nameserver = format!("127.0.0.1:{}", ports[0]);
+        let nodes = (1..=opts.nodes)
+            .map(|id| (id, LocalNode::new(&root, id, ports[id as usize], false)))
+            .collect();
+        let mut cluster = LocalCluster {
+            dir,
+            root: root.clone(),
+            launcher,
+            cluster: opts.cluster.clone(),
+            broker: opts.broker.clone(),
+            nameserver,
+            ns_log: root.join("nameserver.log"),
+            ns: None,
+            nodes: Nodes(nodes),
+            opts,
+        };
+        if cluster.opts.keep_dir
+            && let Some(d) = cluster.dir.take()
+        {
+            let _ = d.keep();
+        }
+        Ok(cluster)
+    }
+
+    /// Starts the nameserver and every node; waits for nothing.
+    pub fn launch(&mut self) -> Result<()> {
+        tracing::info!(
+            "local cluster in {} using {}",
+            self.root.display(),
+            self.launcher.describe()
+        );
+        self.spawn_nameserver()?;
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.spawn(id)?;
+        }
+        Ok(())
+    }
+
     /// The directory holding data and logs.
     pub fn dir(&self) -> &Path {
         &self.root
     }
 
-    pub fn nodes(&self) -> &[LocalNode] {
-        &self.nodes
+    pub fn node_address(&self, id: u64) -> Option<&str> {
+        self.node(id).map(|n| n.addr.as_str())
     }
 
-    pub fn node_address(&self, id: u64) -> Option<&str> {
-        self.node(id).map(|n| n.address.as_str())
+    /// The client addresses of every node, by node id.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.values().map(|n| n.addr.clone()).collect()
     }
 
     fn node(&self, id: u64) -> Option<&LocalNode> {
-        self.nodes.iter().find(|n| n.node_id == id)
+        self.nodes.get(&id)
+    }
+
+    fn node_mut(&mut self, id: u64) -> Result<&mut LocalNode> {
+        self.nodes
+            .0
+            .get_mut(&id)
+            .ok_or_else(|| anyhow!("no local node {id}"))
+    }
+
+    /// The data directory of node `id` (also of a node not created yet).
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.node(id).map_or_else(
+            || LocalNode::data_dir_in(&self.root, id),
+            |n| n.data_dir.clone(),
+        )
+    }
+
+    /// Node `id`'s log (standard output and error).
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.node(id)
+            .map_or_else(|| LocalNode::log_in(&self.root, id), |n| n.log.clone())
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id)?.child.as_ref().map(Child::id)
+    }
+
+    /// Flags for node `id` alone, used from its next start on.
+    pub fn set_node_args<S: AsRef<str>>(
+        &mut self,
+        id: u64,
+        args: impl IntoIterator<Item = S>,
+    ) -> Result<()> {
+        self.node_mut(id)?.args = strings(args);
+        Ok(())
+    }
+
+    /// Starts a new node `id` on a free port with no peers: it waits to be added to the group
+    /// (`raftmq node add`). Returns its address.
+    pub fn add_node(&mut self, id: u64) -> Result<String> {
+        if self.nodes.contains_key(&id) {
+            bail!("local node {id} exists");
+        }
+        let port = free_ports(1)?[0];
+        let node = LocalNode::new(&self.root, id, port, true);
+        let addr = node.addr.clone();
+        self.nodes.0.insert(id, node);
+        self.spawn(id)?;
+        Ok(addr)
+    }
+
+    /// `id=address,…` of every node (the `--peers` flag).
+    pub fn peers(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| format!("{}={}", n.node_id, n.addr))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     fn spawn_nameserver(&mut self) -> Result<()> {
@@ -286,6 +495,7 @@ impl LocalCluster {
             .launcher
             .command("nameserver")
             .args(["--listen", &self.nameserver])
+            .args(&self.opts.nameserver_args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -295,84 +505,110 @@ impl LocalCluster {
         Ok(())
     }
 
-    fn spawn_node(&mut self, id: u64) -> Result<()> {
-        let idx = self
-            .nodes
-            .iter()
-            .position(|n| n.node_id == id)
-            .ok_or_else(|| anyhow!("no local node {id}"))?;
-        let (cluster, broker, peers, ns) = (
-            self.cluster.clone(),
-            self.broker.clone(),
-            self.peers.clone(),
-            self.nameserver.clone(),
-        );
+    /// Starts node `id` (again) on its data directory. It must not be running.
+    pub fn spawn(&mut self, id: u64) -> Result<()> {
+        let peers = self.peers();
         let mut cmd = self.launcher.command("broker-node");
-        if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        if self.opts.share_cores && std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
             cmd.env(
                 "TOKIO_WORKER_THREADS",
                 worker_threads(self.nodes.len()).to_string(),
             );
         }
-        let node = &mut self.nodes[idx];
+        cmd.args(["--cluster", &self.cluster, "--broker", &self.broker])
+            .args(["--nameservers", &self.nameserver])
+            .args(&self.opts.broker_args)
+            .envs(self.opts.env.iter().map(|(k, v)| (k, v)));
+        let node = self.node_mut(id)?;
+        if node.child.is_some() {
+            bail!("local node {id} is running");
+        }
         std::fs::create_dir_all(&node.data_dir)
             .with_context(|| format!("creating {}", node.data_dir.display()))?;
         let (out, err) = log_file(&node.log)?;
+        if !node.joining {
+            cmd.args(["--peers", &peers]);
+        }
         let child = cmd
-            .args(["--cluster", &cluster, "--broker", &broker])
-            .args(["--node-id", &id.to_string(), "--listen", &node.address])
-            .args(["--peers", &peers, "--nameservers", &ns])
+            .args(["--node-id", &id.to_string(), "--listen", &node.addr])
             .arg("--data-dir")
             .arg(&node.data_dir)
+            .args(&node.args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting broker node {id}"))?;
         node.child = Some(child);
+        node.stopped = false;
         Ok(())
     }
 
-    /// SIGKILLs node `id` and reaps it.
+    /// SIGKILLs node `id` and reaps it (also when it is stopped; nothing when it is not running).
     pub fn kill(&mut self, id: u64) -> Result<()> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.node_id == id)
-            .ok_or_else(|| anyhow!("no local node {id}"))?;
+        let node = self.node_mut(id)?;
+        node.stopped = false;
         if let Some(mut c) = node.child.take() {
-            // `Child::kill` sends SIGKILL on Unix.
+            // `Child::kill` sends SIGKILL on Unix, which also ends a stopped process.
             c.kill().with_context(|| format!("killing node {id}"))?;
             c.wait().with_context(|| format!("reaping node {id}"))?;
         }
         Ok(())
     }
 
-    /// SIGSTOPs node `id`: it keeps its connections open but answers nothing (`restart` ends it).
-    pub fn stop(&mut self, id: u64) -> Result<()> {
+    /// SIGKILLs every node (not the nameserver).
+    pub fn kill_all(&mut self) -> Result<()> {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        for id in ids {
+            self.kill(id)?;
+        }
+        Ok(())
+    }
+
+    fn signal(&mut self, id: u64, sig: &str) -> Result<()> {
         let pid = self
-            .node(id)
-            .and_then(|n| n.child.as_ref())
-            .map(|c| c.id())
+            .pid(id)
             .ok_or_else(|| anyhow!("local node {id} is not running"))?;
         let status = Command::new("kill")
-            .args(["-STOP", &pid.to_string()])
+            .args([sig, &pid.to_string()])
             .status()
-            .with_context(|| format!("stopping node {id}"))?;
+            .with_context(|| format!("kill {sig} node {id}"))?;
         if !status.success() {
-            bail!("kill -STOP {pid} (node {id}) failed: {status}");
+            bail!("kill {sig} {pid} (node {id}) failed: {status}");
         }
+        Ok(())
+    }
+
+    /// SIGSTOPs node `id`: it keeps its connections open but answers nothing (`resume`,
+    /// `restart` or `kill` end that).
+    pub fn stop(&mut self, id: u64) -> Result<()> {
+        self.signal(id, "-STOP")?;
+        self.node_mut(id)?.stopped = true;
+        Ok(())
+    }
+
+    /// SIGCONTs node `id` after [`LocalCluster::stop`].
+    pub fn resume(&mut self, id: u64) -> Result<()> {
+        self.signal(id, "-CONT")?;
+        self.node_mut(id)?.stopped = false;
         Ok(())
     }
 
     /// Starts node `id` again on its data directory.
     pub fn restart(&mut self, id: u64) -> Result<()> {
         self.kill(id)?;
-        self.spawn_node(id)
+        self.spawn(id)
     }
 
+    /// Whether node `id` has a process (stopped or not).
     pub fn is_running(&self, id: u64) -> bool {
         self.node(id).is_some_and(|n| n.child.is_some())
+    }
+
+    /// Whether node `id` runs and is not stopped: it should answer.
+    pub fn is_up(&self, id: u64) -> bool {
+        self.node(id)
+            .is_some_and(|n| n.child.is_some() && !n.stopped)
     }
 
     /// Fails with the log tail of any child that exited on its own.
@@ -386,7 +622,7 @@ impl LocalCluster {
                 log_tail(&self.ns_log, 1)
             );
         }
-        for n in &mut self.nodes {
+        for n in self.nodes.0.values_mut() {
             if let Some(c) = n.child.as_mut()
                 && let Some(status) = c.try_wait()?
             {
@@ -403,11 +639,11 @@ impl LocalCluster {
 
     /// The live status of every node (`None`: not answering), by node id.
     pub async fn statuses(&self, admin: &Admin) -> Vec<(u64, Option<NodeStatusResponse>)> {
-        let calls = self.nodes.iter().map(|n| async move {
+        let calls = self.nodes.values().map(|n| async move {
             if n.child.is_none() {
                 return (n.node_id, None);
             }
-            (n.node_id, admin.node_status(&n.address).await.ok())
+            (n.node_id, admin.node_status(&n.addr).await.ok())
         });
         futures::future::join_all(calls).await
     }
@@ -430,24 +666,28 @@ impl LocalCluster {
     /// Waits until every running node answers, one leads, and the nameserver knows that leader.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(u64, String)> {
         let admin = Admin::connect(&self.nameserver)?;
+        // The probe checks the children (which needs `&mut`) on every poll.
+        let this = tokio::sync::Mutex::new(self);
         let waited = wait_for(
             "the local cluster to be ready",
             timeout,
             Duration::from_millis(50),
-            async || -> Result<Result<(u64, String)>, String> {
-                if let Err(e) = self.check_children() {
-                    return Ok(Err(e));
+            || async {
+                let mut this = this.lock().await;
+                if let Err(e) = this.check_children() {
+                    return Ok::<Result<(u64, String)>, String>(Err(e));
                 }
-                let views = self.role_views(&admin).await;
+                let this = &*this;
+                let views = this.role_views(&admin).await;
                 let leader = find_leader(&views, LeaderRule::HighestTermAllAnswer)
                     .map_err(|e| format!("{e} (of {} running nodes)", views.len()))?
                     .node_id;
-                match admin.leader_of(&self.broker).await {
+                match admin.leader_of(&this.broker).await {
                     Ok(Some((id, addr))) if id == leader => {
                         let registered = admin
                             .broker_names()
                             .await
-                            .is_ok_and(|b| b.contains(&self.broker));
+                            .is_ok_and(|b| b.contains(&this.broker));
                         if registered {
                             return Ok(Ok((id, addr)));
                         }
@@ -469,7 +709,7 @@ impl LocalCluster {
 
     /// Kills every child. Also done on drop.
     pub fn shutdown(&mut self) {
-        for n in &mut self.nodes {
+        for n in self.nodes.0.values_mut() {
             if let Some(mut c) = n.child.take() {
                 let _ = c.kill();
                 let _ = c.wait();

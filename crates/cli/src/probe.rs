@@ -11,6 +11,7 @@
 //! for luck: every wait has a condition.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -57,14 +58,16 @@ impl std::error::Error for WaitTimeout {}
 /// probe's last complaint. The probe runs at least once, even with a zero timeout. A probe that
 /// meets an error not worth waiting out returns it as its success (`Ok(Err(e))`), which ends the
 /// wait at once.
-pub async fn wait_for<T, P>(
+pub async fn wait_for<T, P, F, Fut>(
     what: &str,
     timeout: Duration,
     poll: Duration,
-    mut probe: impl AsyncFnMut() -> P,
+    mut probe: F,
 ) -> Result<T, WaitTimeout>
 where
     P: Progress<T>,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = P>,
 {
     let start = Instant::now();
     loop {

@@ -133,37 +133,13 @@ pub async fn find_leader(c: &Cluster, timeout: Duration) -> Result<u64, String> 
     find_leader_term(c, timeout).await.map(|(l, _)| l)
 }
 
-/// As [`find_leader`], with the leader's term.
+/// As [`find_leader`], with the leader's term: the shared leader search
+/// ([`Cluster::agreed_leader`]).
 pub async fn find_leader_term(c: &Cluster, timeout: Duration) -> Result<(u64, u64), String> {
-    let t = Instant::now();
-    let mut last = String::new();
-    while t.elapsed() < timeout {
-        let mut leaders = Vec::new();
-        let mut seen = Vec::new();
-        let mut all = true;
-        let mut term = 0;
-        for id in c.nodes.keys() {
-            if !c.is_up(*id) {
-                continue;
-            }
-            match c.status(*id).await {
-                Some(st) => {
-                    if st.role == "leader" {
-                        leaders.push(*id);
-                        term = st.term;
-                    }
-                    seen.push(st.leader.map(|l| l.node_id));
-                }
-                None => all = false,
-            }
-        }
-        if all && leaders.len() == 1 && seen.iter().all(|l| *l == Some(leaders[0])) {
-            return Ok((leaders[0], term));
-        }
-        last = format!("leaders {leaders:?}, seen {seen:?}, all answered {all}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    Err(format!("no agreed leader within {timeout:?}: {last}"))
+    c.agreed_leader(timeout)
+        .await
+        .map(|l| (l.node_id, l.term))
+        .map_err(|e| e.to_string())
 }
 
 /// Waits for an agreed leader and for every node to have applied the leader's commit index.

@@ -80,17 +80,12 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
         .await
         .context("no leader in the local cluster")?;
     let follower = cluster
-        .nodes()
-        .iter()
-        .map(|n| n.node_id)
+        .nodes
+        .keys()
+        .copied()
         .find(|id| *id != leader)
         .context("no follower")?;
-    let data_dir = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.node_id == follower)
-        .map(|n| n.data_dir.clone())
-        .context("no follower data dir")?;
+    let data_dir = cluster.data_dir(follower);
 
     let load_producer = Arc::new(Producer::builder(&ns).build()?);
     let load = args.load.then(|| {

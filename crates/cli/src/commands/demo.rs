@@ -50,9 +50,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     n.say(&format!(
         "nameserver {ns}; nodes {}; data and logs in {}",
         cluster
-            .nodes()
-            .iter()
-            .map(|x| format!("{}={}", x.node_id, x.address))
+            .nodes
+            .values()
+            .map(|x| format!("{}={}", x.node_id, x.addr))
             .collect::<Vec<_>>()
             .join(" "),
         cluster.dir().display()

@@ -29,11 +29,11 @@ pub async fn run(args: PlaygroundArgs) -> Result<()> {
             .await?;
     }
     println!("\nnameserver   {ns}");
-    for n in cluster.nodes() {
+    for n in cluster.nodes.values() {
         println!(
             "node {}       {}   (log {})",
             n.node_id,
-            n.address,
+            n.addr,
             n.log.display()
         );
     }

@@ -740,6 +740,46 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_binary_is_named() {
+        let bins = tempfile::tempdir().expect("dir");
+        let opts = LocalClusterOptions::new(2).bin_dir(bins.path());
+        let e = LocalCluster::create(opts).err().expect("no binaries");
+        assert!(e.to_string().contains("nameserver is missing"), "{e}");
+    }
+
+    /// `create` lays the cluster out (ports, directories, peers) and starts nothing.
+    #[test]
+    fn create_lays_out_the_nodes_without_starting_them() {
+        let bins = tempfile::tempdir().expect("dir");
+        for b in ["nameserver", "broker-node"] {
+            std::fs::write(bins.path().join(b), "").expect("write");
+        }
+        let root = tempfile::tempdir().expect("dir");
+        let opts = LocalClusterOptions::new(3)
+            .bin_dir(bins.path())
+            .dir(root.path())
+            .broker_args(["--flag", "v"])
+            .env("K", "V");
+        assert_eq!(opts.broker_args, ["--flag", "v"]);
+        assert_eq!(opts.env, [("K".to_owned(), "V".to_owned())]);
+        let mut c = LocalCluster::create(opts).expect("create");
+        assert_eq!(c.dir(), root.path());
+        assert_eq!(c.nodes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(c.data_dir(2), root.path().join("node-2"));
+        assert_eq!(c.log_path(2), root.path().join("node-2.log"));
+        assert_eq!(c.peers().split(',').count(), 3);
+        assert!(c.peers().starts_with("1=127.0.0.1:"));
+        assert!((1..=3).all(|id| !c.is_running(id) && !c.is_up(id) && c.pid(id).is_none()));
+        assert!(c.set_node_args(9, ["--x"]).is_err());
+        assert!(
+            c.stop(1).is_err(),
+            "a node that does not run cannot be stopped"
+        );
+        c.kill(1)
+            .expect("killing a node that does not run is a no-op");
+    }
+
+    #[test]
     fn log_tail_keeps_the_last_lines() {
         let dir = tempfile::tempdir().expect("dir");
         let p = dir.path().join("x.log");

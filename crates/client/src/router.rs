@@ -16,6 +16,12 @@
 //! Pauses end early when any call hears of a new leader, so one call's discovery serves them all.
 //!
 //! It gives up with [`Error::Timeout`] at the caller's deadline.
+//!
+//! The choice after each failure is a plain function, [`after_failure`] (failure kind, the node
+//! asked, hints followed so far → marks on the node and the next step), and a backoff's length is
+//! [`backoff_step`] of the time; the loop only carries them out. One change from the loop before
+//! it: after `UNAVAILABLE` the node is no longer believed to lead from the start of the backoff,
+//! not from its end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -409,32 +415,25 @@ impl Router {
                     last,
                 });
             }
-            let addr = match next.take().or_else(|| self.pick(broker, &avoid)) {
-                Some(a) => a,
-                None => {
-                    if self.nodes(broker).is_empty() {
-                        last = format!("broker group {broker} is not known to the nameservers");
-                    }
-                    // Every node was tried: start over after a pause and a fresh view.
-                    avoid.clear();
-                    self.refresh_groups().await;
-                    self.pause(&mut backoff, deadline).await;
-                    continue;
+            let Some(addr) = next.take().or_else(|| self.pick(broker, &avoid)) else {
+                if self.nodes(broker).is_empty() {
+                    last = format!("broker group {broker} is not known to the nameservers");
                 }
+                let d = after_failure(&Failure::NoNodeLeft, "", hops);
+                self.apply(broker, "", &d, &mut avoid);
+                self.refresh_groups().await;
+                self.pause(&mut backoff, deadline).await;
+                continue;
             };
             let attempt = attempt_max.min(deadline - now);
             let channel = self.pool.channel(&addr)?;
             if last != "no attempt" {
                 tracing::debug!("{rpc} to {broker}: retrying at {addr} after: {last}");
             }
-            match tokio::time::timeout(attempt, call(channel, attempt)).await {
+            let failure = match tokio::time::timeout(attempt, call(channel, attempt)).await {
                 Err(_) => {
                     last = format!("{addr}: no answer within {attempt:?}");
-                    // A slow but live leader gets longer next time; a dead one is avoided.
-                    attempt_max = (attempt_max * 2).min(attempt_timeout * 8);
-                    self.suspect(&addr);
-                    self.forget_leader(broker, &addr);
-                    avoid.insert(addr);
+                    Failure::NoAnswer
                 }
                 Ok(Err(status)) => {
                     if !is_transport_status(&status) {
@@ -445,14 +444,8 @@ impl Router {
                         });
                     }
                     last = format!("{addr}: {}", status.message());
-                    if is_connection_status(&status) {
-                        self.suspect(&addr);
-                    }
-                    self.forget_leader(broker, &addr);
-                    avoid.insert(addr);
-                    // Another node may answer at once; pause only once all were tried.
-                    if self.pick(broker, &avoid).is_none() {
-                        self.pause(&mut backoff, deadline).await;
+                    Failure::Transport {
+                        unreachable: is_connection_status(&status),
                     }
                 }
                 Ok(Ok(resp)) => {
@@ -475,40 +468,62 @@ impl Router {
                             leader: err.leader,
                         });
                     }
-                    match (code, err.leader) {
-                        // A follower that has not yet noticed the leader died names it still:
-                        // ask another node (or, all asked, pause until a leader is heard of).
-                        (ErrorCode::NotLeader, Some(leader))
-                            if leader.address != addr && self.is_suspect(&leader.address) =>
-                        {
-                            avoid.insert(addr);
-                        }
-                        (ErrorCode::NotLeader, Some(leader)) if leader.address != addr => {
-                            self.note_leader(broker, &leader);
-                            hops += 1;
-                            avoid.remove(&leader.address);
-                            next = Some(leader.address);
-                            // Nodes pointing at each other during a change: slow down.
-                            if hops > 3 {
-                                self.pause(&mut backoff, deadline).await;
-                            }
-                        }
-                        (ErrorCode::NotLeader, _) => {
-                            self.forget_leader(broker, &addr);
-                            avoid.insert(addr);
-                            self.pause(&mut backoff, deadline).await;
-                        }
-                        _ => {
-                            // UNAVAILABLE (no quorum yet) or BUSY: the same node may recover.
-                            self.pause(&mut backoff, deadline).await;
-                            if code == ErrorCode::Unavailable {
-                                self.forget_leader(broker, &addr);
-                                avoid.insert(addr);
-                            }
-                        }
+                    let hint = err.leader.map(|l| Hint {
+                        suspect: self.is_suspect(&l.address),
+                        leader: l,
+                    });
+                    Failure::Code { code, hint }
+                }
+            };
+            let d = after_failure(&failure, &addr, hops);
+            if d.longer_attempts {
+                // A slow but live leader gets longer next time; a dead one is avoided.
+                attempt_max = (attempt_max * 2).min(attempt_timeout * 8);
+            }
+            self.apply(broker, &addr, &d, &mut avoid);
+            match d.next {
+                Next::AnotherNode => {}
+                Next::AnotherNodeOrBackoff => {
+                    // Another node may answer at once; pause only once all were tried.
+                    if self.pick(broker, &avoid).is_none() {
+                        self.pause(&mut backoff, deadline).await;
                     }
                 }
+                Next::Hinted {
+                    leader,
+                    backoff_first,
+                } => {
+                    self.note_leader(broker, &leader);
+                    hops += 1;
+                    avoid.remove(&leader.address);
+                    next = Some(leader.address);
+                    if backoff_first {
+                        self.pause(&mut backoff, deadline).await;
+                    }
+                }
+                Next::Backoff => self.pause(&mut backoff, deadline).await,
+                Next::RefreshAndBackoff => {
+                    self.refresh_groups().await;
+                    self.pause(&mut backoff, deadline).await;
+                }
             }
+        }
+    }
+
+    /// Carries out a decision's marks on the node that failed, and a refresh it asks for.
+    fn apply(&self, broker: &str, addr: &str, d: &Decision, avoid: &mut HashSet<String>) {
+        if d.suspect {
+            self.suspect(addr);
+        }
+        if d.forget_leader {
+            self.forget_leader(broker, addr);
+        }
+        if d.avoid {
+            avoid.insert(addr.to_string());
+        }
+        if matches!(d.next, Next::RefreshAndBackoff) {
+            // Every node was tried: start over after a pause and a fresh view.
+            avoid.clear();
         }
     }
 
@@ -516,13 +531,149 @@ impl Router {
     async fn pause(&self, backoff: &mut Duration, deadline: Instant) {
         let mut changes = self.leader_changes.subscribe();
         let jitter = rand::random_range(0.5..1.0);
-        let d = backoff.mul_f64(jitter);
-        let until = (Instant::now() + d).min(deadline);
+        let (until, next) = backoff_step(
+            *backoff,
+            jitter,
+            self.policy.backoff_max,
+            Instant::now(),
+            deadline,
+        );
         tokio::select! {
             _ = tokio::time::sleep_until(until) => {}
             _ = changes.changed() => {}
         }
-        *backoff = (*backoff * 2).min(self.policy.backoff_max);
+        *backoff = next;
+    }
+}
+
+/// One backoff as a plain function of time: with `jitter` in 0.5..1, pause until
+/// `now + backoff * jitter` (never past `deadline`); the next backoff doubles, up to `max`.
+pub(crate) fn backoff_step(
+    backoff: Duration,
+    jitter: f64,
+    max: Duration,
+    now: Instant,
+    deadline: Instant,
+) -> (Instant, Duration) {
+    (
+        (now + backoff.mul_f64(jitter)).min(deadline),
+        (backoff * 2).min(max),
+    )
+}
+
+/// What went wrong with one attempt of [`Router::call_leader`], as far as choosing the next step
+/// needs to know.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Failure {
+    /// No node of the group is left to ask: every known one was tried this round, or none is known.
+    NoNodeLeft,
+    /// The node did not answer within the attempt timeout.
+    NoAnswer,
+    /// A transport-level status; `unreachable` when it says the node itself is gone (refused,
+    /// reset), not merely that this request failed.
+    Transport { unreachable: bool },
+    /// A reply with a retriable error code, and the leader it names if any.
+    Code { code: ErrorCode, hint: Option<Hint> },
+}
+
+/// A leader named by a `NOT_LEADER` reply.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Hint {
+    pub(crate) leader: v1::NodeRef,
+    /// The named leader failed at the transport level a moment ago (it is likely dead and the
+    /// follower has not noticed yet).
+    pub(crate) suspect: bool,
+}
+
+/// What to do after a failure: marks on the node that failed, then the next step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Decision {
+    /// Every call avoids the node for a while.
+    pub(crate) suspect: bool,
+    /// The node is no longer believed to lead.
+    pub(crate) forget_leader: bool,
+    /// This call does not ask the node again this round.
+    pub(crate) avoid: bool,
+    /// The next attempts of this call may take twice as long (up to 8 times the first).
+    pub(crate) longer_attempts: bool,
+    pub(crate) next: Next,
+}
+
+/// The next step of a call after a failure. Giving up is not among them: a non-retriable answer
+/// is returned before deciding, and the deadline ends the loop before each attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Next {
+    /// Ask another node of the group at once (or the same, if it is the only one not avoided).
+    AnotherNode,
+    /// Ask another node at once if one is left, else back off first.
+    AnotherNodeOrBackoff,
+    /// Ask the hinted leader, after a backoff when hints keep bouncing between nodes.
+    Hinted {
+        leader: v1::NodeRef,
+        backoff_first: bool,
+    },
+    /// Back off, then pick again (the same node unless avoided).
+    Backoff,
+    /// Start a new round (no node avoided) from a fresh view of the group, after a backoff.
+    RefreshAndBackoff,
+}
+
+/// Hints followed in one call beyond which following another one first backs off: nodes pointing
+/// at each other during a leadership change.
+const HOPS_BEFORE_BACKOFF: u32 = 3;
+
+/// The retry policy of [`Router::call_leader`] as a plain function: after `failure` of the node at
+/// `asked`, having followed `hops` leader hints so far in this call, what to mark and what to do.
+pub(crate) fn after_failure(failure: &Failure, asked: &str, hops: u32) -> Decision {
+    let mark = |suspect, forget_leader, avoid, next| Decision {
+        suspect,
+        forget_leader,
+        avoid,
+        longer_attempts: false,
+        next,
+    };
+    match failure {
+        Failure::NoNodeLeft => mark(false, false, false, Next::RefreshAndBackoff),
+        // A slow but live leader gets longer next time; a dead one is avoided by every call.
+        Failure::NoAnswer => Decision {
+            longer_attempts: true,
+            ..mark(true, true, true, Next::AnotherNode)
+        },
+        Failure::Transport { unreachable } => {
+            mark(*unreachable, true, true, Next::AnotherNodeOrBackoff)
+        }
+        Failure::Code {
+            code: ErrorCode::NotLeader,
+            hint: Some(h),
+        } if h.leader.address != asked => {
+            if h.suspect {
+                // A follower that has not yet noticed the leader died names it still: ask another
+                // node (or, all asked, pause until a leader is heard of).
+                mark(false, false, true, Next::AnotherNode)
+            } else {
+                mark(
+                    false,
+                    false,
+                    false,
+                    Next::Hinted {
+                        leader: h.leader.clone(),
+                        backoff_first: hops + 1 > HOPS_BEFORE_BACKOFF,
+                    },
+                )
+            }
+        }
+        // An election is running (or the node names itself): no leader to follow yet.
+        Failure::Code {
+            code: ErrorCode::NotLeader,
+            ..
+        } => mark(false, true, true, Next::Backoff),
+        // No quorum yet: another node may know better once this one has had a moment.
+        Failure::Code {
+            code: ErrorCode::Unavailable,
+            ..
+        } => mark(false, true, true, Next::Backoff),
+        // BUSY, or another retriable code: the same node may recover.
+        Failure::Code { .. } => mark(false, false, false, Next::Backoff),
     }
 }
 
@@ -630,8 +781,132 @@ mod tests {
         assert_eq!(r.pick("b", &none), Some("h:1".into()));
     }
 
-    #[tokio::test]
-    async fn pauses_end_when_a_leader_is_heard_of() {
+    fn node(id: u64) -> v1::NodeRef {
+        v1::NodeRef {
+            node_id: id,
+            address: format!("h:{id}"),
+        }
+    }
+
+    fn not_leader(hint: Option<u64>, suspect: bool) -> Failure {
+        Failure::Code {
+            code: ErrorCode::NotLeader,
+            hint: hint.map(|id| Hint {
+                leader: node(id),
+                suspect,
+            }),
+        }
+    }
+
+    /// (suspect, forget_leader, avoid, longer_attempts)
+    fn marks(d: &Decision) -> (bool, bool, bool, bool) {
+        (d.suspect, d.forget_leader, d.avoid, d.longer_attempts)
+    }
+
+    #[test]
+    fn r1_no_answer_avoids_the_node_everywhere_and_lengthens_attempts() {
+        let d = after_failure(&Failure::NoAnswer, "h:1", 0);
+        assert_eq!(marks(&d), (true, true, true, true));
+        assert_eq!(d.next, Next::AnotherNode);
+    }
+
+    #[test]
+    fn r2_an_unreachable_node_is_suspect_a_failed_request_only_avoided() {
+        let d = after_failure(&Failure::Transport { unreachable: true }, "h:1", 0);
+        assert_eq!(marks(&d), (true, true, true, false));
+        assert_eq!(d.next, Next::AnotherNodeOrBackoff);
+        let d = after_failure(&Failure::Transport { unreachable: false }, "h:1", 0);
+        assert_eq!(marks(&d), (false, true, true, false));
+        assert_eq!(d.next, Next::AnotherNodeOrBackoff);
+    }
+
+    #[test]
+    fn r3_a_hint_is_followed_at_once() {
+        let d = after_failure(&not_leader(Some(2), false), "h:1", 0);
+        assert_eq!(marks(&d), (false, false, false, false));
+        assert_eq!(
+            d.next,
+            Next::Hinted {
+                leader: node(2),
+                backoff_first: false
+            }
+        );
+    }
+
+    #[test]
+    fn r4_hints_bouncing_between_nodes_back_off_after_three() {
+        for (hops, backoff_first) in [(0, false), (2, false), (3, true), (10, true)] {
+            let d = after_failure(&not_leader(Some(2), false), "h:1", hops);
+            assert_eq!(
+                d.next,
+                Next::Hinted {
+                    leader: node(2),
+                    backoff_first
+                },
+                "hops {hops}"
+            );
+        }
+    }
+
+    #[test]
+    fn r5_a_hint_to_a_suspect_leader_is_not_followed() {
+        let d = after_failure(&not_leader(Some(2), true), "h:1", 0);
+        assert_eq!(marks(&d), (false, false, true, false));
+        assert_eq!(d.next, Next::AnotherNode);
+    }
+
+    #[test]
+    fn r6_no_leader_known_backs_off_and_avoids_the_node() {
+        for f in [not_leader(None, false), not_leader(Some(1), false)] {
+            // No hint, or the node names itself: an election is running.
+            let d = after_failure(&f, "h:1", 0);
+            assert_eq!(marks(&d), (false, true, true, false), "{f:?}");
+            assert_eq!(d.next, Next::Backoff);
+        }
+    }
+
+    #[test]
+    fn r7_unavailable_backs_off_and_moves_on_busy_stays() {
+        let unavailable = Failure::Code {
+            code: ErrorCode::Unavailable,
+            hint: None,
+        };
+        let d = after_failure(&unavailable, "h:1", 0);
+        assert_eq!(marks(&d), (false, true, true, false));
+        assert_eq!(d.next, Next::Backoff);
+        let busy = Failure::Code {
+            code: ErrorCode::Busy,
+            hint: None,
+        };
+        let d = after_failure(&busy, "h:1", 0);
+        assert_eq!(marks(&d), (false, false, false, false));
+        assert_eq!(d.next, Next::Backoff);
+    }
+
+    #[test]
+    fn r8_every_node_tried_refreshes_and_backs_off() {
+        let d = after_failure(&Failure::NoNodeLeft, "", 5);
+        assert_eq!(marks(&d), (false, false, false, false));
+        assert_eq!(d.next, Next::RefreshAndBackoff);
+    }
+
+    #[test]
+    fn r9_backoff_is_jittered_doubles_and_stops_at_the_deadline() {
+        let max = Duration::from_millis(200);
+        let now = Instant::now();
+        let far = now + Duration::from_secs(10);
+        let (until, next) = backoff_step(Duration::from_millis(10), 0.5, max, now, far);
+        assert_eq!(until - now, Duration::from_millis(5));
+        assert_eq!(next, Duration::from_millis(20));
+        let (_, next) = backoff_step(Duration::from_millis(150), 0.5, max, now, far);
+        assert_eq!(next, max);
+        let near = now + Duration::from_millis(1);
+        let (until, _) = backoff_step(Duration::from_millis(150), 1.0, max, now, near);
+        assert_eq!(until, near);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn r10_pauses_end_when_a_leader_is_heard_of() {
         let r = router();
         r.merge_route(&route(5, 1));
         let started = Instant::now();
@@ -641,24 +916,38 @@ mod tests {
             r2.pause(&mut backoff, Instant::now() + Duration::from_secs(10))
                 .await;
         });
-        // Leaders change until the pause has ended (it hears of changes once it has started);
-        // its own backoff is at least 5 s.
+        // Leaders change until the pause has ended (it hears of changes once it has started).
+        // The clock is paused and this task never idles, so no time passes: a pause that did not
+        // end on a change would still be waiting out its backoff of at least 5 s.
         let mut next = 2;
-        while !pause.is_finished() {
-            assert!(
-                started.elapsed() < Duration::from_secs(4),
-                "the pause did not end on a leader change"
-            );
-            r.note_leader(
-                "b",
-                &v1::NodeRef {
-                    node_id: next,
-                    address: format!("h:{next}"),
-                },
-            );
+        for _ in 0..100 {
+            if pause.is_finished() {
+                break;
+            }
+            r.note_leader("b", &node(next));
             next = if next == 2 { 3 } else { 2 };
             tokio::task::yield_now().await;
         }
+        assert!(
+            pause.is_finished(),
+            "the pause did not end on a leader change"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
         pause.await.expect("pause");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn r11_without_news_a_pause_lasts_its_jittered_backoff() {
+        let r = router();
+        let started = Instant::now();
+        let mut backoff = Duration::from_secs(10);
+        r.pause(&mut backoff, started + Duration::from_secs(60))
+            .await;
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(5)..=Duration::from_secs(10)).contains(&waited),
+            "{waited:?}"
+        );
+        assert_eq!(backoff, RetryPolicy::default().backoff_max);
     }
 }

@@ -87,8 +87,8 @@ pub async fn serve(
     let broker = service::Broker { node: node.clone() };
     let router = Routes::new(
         BrokerServiceServer::new(broker.clone())
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20),
+            .max_decoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX),
     )
     .add_service(AdminServiceServer::new(broker))
     .add_service(peer_service)

@@ -36,12 +36,12 @@ pub enum Error {
     #[error("broker group {broker:?} is not known to the nameservers")]
     UnknownBroker { broker: String },
 
-    /// A gRPC call failed at the transport or gRPC level (connection refused, reset, timeout).
+    /// A gRPC call failed at the transport or gRPC level (connection refused, reset, timeout). The
+    /// status is part of the message and not a `source()`, so a chain printer shows it once.
     #[error("{rpc} to {address} failed: {status}")]
     Rpc {
         address: String,
         rpc: &'static str,
-        #[source]
         status: Box<tonic::Status>,
     },
 

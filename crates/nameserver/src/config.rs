@@ -121,18 +121,13 @@ impl Config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
         };
-        if let Some(listen) = &args.listen {
-            config.listen = parse_listen(listen)?;
+        FileConfig {
+            listen: args.listen.clone(),
+            expiry_secs: args.expiry_secs,
+            scan_interval_ms: args.scan_interval_ms,
+            log_json: args.log_json,
         }
-        if let Some(v) = args.expiry_secs {
-            config.expiry_secs = v;
-        }
-        if let Some(v) = args.scan_interval_ms {
-            config.scan_interval_ms = v;
-        }
-        if let Some(v) = args.log_json {
-            config.log_json = v;
-        }
+        .apply(&mut config)?;
         config.validate()?;
         Ok(config)
     }

@@ -30,54 +30,53 @@ impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Result<Metrics, Error> {
         let registry = prometheus::Registry::new();
-        let nodes = IntGauge::new(
-            "raftmq_nameserver_nodes",
-            "Broker nodes currently registered",
+        let nodes = registered(
+            &registry,
+            IntGauge::new(
+                "raftmq_nameserver_nodes",
+                "Broker nodes currently registered",
+            )?,
         )?;
-        let brokers = IntGauge::new(
-            "raftmq_nameserver_brokers",
-            "Broker groups currently registered",
+        let brokers = registered(
+            &registry,
+            IntGauge::new(
+                "raftmq_nameserver_brokers",
+                "Broker groups currently registered",
+            )?,
         )?;
-        let registrations = IntCounterVec::new(
-            Opts::new(
-                "raftmq_nameserver_registrations_total",
-                "Registrations received, by result",
-            ),
-            &["result"],
+        let registrations = by_result(
+            &registry,
+            "raftmq_nameserver_registrations_total",
+            "Registrations received, by result",
+            &["ok", "refused"],
         )?;
-        let unregistrations = IntCounter::new(
-            "raftmq_nameserver_unregistrations_total",
-            "Nodes removed by an unregister request",
+        let unregistrations = registered(
+            &registry,
+            IntCounter::new(
+                "raftmq_nameserver_unregistrations_total",
+                "Nodes removed by an unregister request",
+            )?,
         )?;
-        let expirations = IntCounter::new(
-            "raftmq_nameserver_expirations_total",
-            "Nodes removed because they stopped registering",
+        let expirations = registered(
+            &registry,
+            IntCounter::new(
+                "raftmq_nameserver_expirations_total",
+                "Nodes removed because they stopped registering",
+            )?,
         )?;
-        let route_requests = IntCounterVec::new(
-            Opts::new(
-                "raftmq_nameserver_route_requests_total",
-                "Route requests, by result",
-            ),
-            &["result"],
+        let route_requests = by_result(
+            &registry,
+            "raftmq_nameserver_route_requests_total",
+            "Route requests, by result",
+            &["ok", "topic_not_found", "invalid_argument"],
         )?;
-        let cluster_info_requests = IntCounter::new(
-            "raftmq_nameserver_cluster_info_requests_total",
-            "Cluster info requests",
+        let cluster_info_requests = registered(
+            &registry,
+            IntCounter::new(
+                "raftmq_nameserver_cluster_info_requests_total",
+                "Cluster info requests",
+            )?,
         )?;
-        registry.register(Box::new(nodes.clone()))?;
-        registry.register(Box::new(brokers.clone()))?;
-        registry.register(Box::new(registrations.clone()))?;
-        registry.register(Box::new(unregistrations.clone()))?;
-        registry.register(Box::new(expirations.clone()))?;
-        registry.register(Box::new(route_requests.clone()))?;
-        registry.register(Box::new(cluster_info_requests.clone()))?;
-        // Make the labelled series visible at 0 before the first request.
-        for result in ["ok", "refused"] {
-            registrations.with_label_values(&[result]);
-        }
-        for result in ["ok", "topic_not_found", "invalid_argument"] {
-            route_requests.with_label_values(&[result]);
-        }
         Ok(Metrics {
             registry,
             nodes,
@@ -107,4 +106,31 @@ impl Metrics {
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+}
+
+/// Registers `metric` in `registry` and hands it back.
+fn registered<M>(registry: &prometheus::Registry, metric: M) -> Result<M, Error>
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+/// A registered counter labelled `result`, each of `results` visible at 0 before the first
+/// request.
+fn by_result(
+    registry: &prometheus::Registry,
+    name: &str,
+    help: &str,
+    results: &[&str],
+) -> Result<IntCounterVec, Error> {
+    let counter = registered(
+        registry,
+        IntCounterVec::new(Opts::new(name, help), &["result"])?,
+    )?;
+    for result in results {
+        counter.with_label_values(&[*result]);
+    }
+    Ok(counter)
 }

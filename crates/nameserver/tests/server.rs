@@ -8,7 +8,8 @@ use std::time::Duration;
 use raftmq_nameserver::{Config, Server};
 use raftmq_proto::v1::nameserver_service_client::NameserverServiceClient;
 use raftmq_proto::v1::{
-    ClusterInfoRequest, ErrorCode, RegisterRequest, RouteRequest, TopicQueues, UnregisterRequest,
+    ClusterInfoRequest, ClusterInfoResponse, ErrorCode, RegisterRequest, RouteRequest,
+    RouteResponse, TopicQueues, UnregisterRequest,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -54,6 +55,24 @@ async fn client(addr: SocketAddr) -> NameserverServiceClient<Channel> {
     NameserverServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect")
+}
+
+/// One `Route` call that must succeed at the transport level; the reply may carry an error.
+async fn route_of(c: &mut NameserverServiceClient<Channel>, topic: &str) -> RouteResponse {
+    c.route(RouteRequest {
+        topic: topic.into(),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+/// One `GetClusterInfo` call that must succeed at the transport level.
+async fn cluster_info(c: &mut NameserverServiceClient<Channel>) -> ClusterInfoResponse {
+    c.get_cluster_info(ClusterInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 fn registration(id: u64, role: &str, term: u64, topics: &[(&str, u32)]) -> RegisterRequest {
@@ -119,13 +138,7 @@ async fn t10_register_route_cluster_info_over_grpc() {
     }
 
     tracing::info!("phase: route");
-    let route = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let route = route_of(&mut c, "orders").await;
     assert_eq!(route.error, None);
     assert_eq!(route.topic, "orders");
     assert_eq!(route.brokers.len(), 1);
@@ -137,24 +150,12 @@ async fn t10_register_route_cluster_info_over_grpc() {
     assert_eq!(b.nodes.len(), 3);
     assert_eq!(b.nodes[2].address, "127.0.0.1:10913");
 
-    let missing = c
-        .route(RouteRequest {
-            topic: "nope".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let missing = route_of(&mut c, "nope").await;
     assert_eq!(
         missing.error.as_ref().map(|e| e.code()),
         Some(ErrorCode::TopicNotFound)
     );
-    let invalid = c
-        .route(RouteRequest {
-            topic: "no spaces".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let invalid = route_of(&mut c, "no spaces").await;
     assert_eq!(
         invalid.error.as_ref().map(|e| e.code()),
         Some(ErrorCode::InvalidArgument)
@@ -167,21 +168,11 @@ async fn t10_register_route_cluster_info_over_grpc() {
     let err = reply.error.expect("refused");
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert!(err.message.contains("address"), "{}", err.message);
-    let again = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let again = route_of(&mut c, "orders").await;
     assert_eq!(again.brokers, route.brokers);
 
     tracing::info!("phase: cluster info");
-    let info = c
-        .get_cluster_info(ClusterInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = cluster_info(&mut c).await;
     assert_eq!(info.error, None);
     assert_eq!(info.clusters.len(), 1);
     assert_eq!(info.clusters[0].name, "DefaultCluster");
@@ -210,13 +201,7 @@ async fn t10_register_route_cluster_info_over_grpc() {
         .unwrap()
         .into_inner();
     assert_eq!(reply.error, None);
-    let route = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let route = route_of(&mut c, "orders").await;
     assert_eq!(route.brokers[0].nodes.len(), 2);
 
     tracing::info!("phase: metrics");
@@ -340,20 +325,10 @@ async fn t30_garbage_bytes_do_not_hurt_the_server() {
     drop(TcpStream::connect(ns.addr).await.unwrap());
 
     tracing::info!("phase: the server still answers, on the old channel and a new one");
-    let route = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let route = route_of(&mut c, "orders").await;
     assert_eq!(route.brokers[0].queues, 4);
     let mut fresh = client(ns.addr).await;
-    let info = fresh
-        .get_cluster_info(ClusterInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = cluster_info(&mut fresh).await;
     assert_eq!(info.clusters[0].brokers[0].nodes.len(), 1);
     assert!(
         http_get(ns.addr, "/metrics")
@@ -393,22 +368,12 @@ async fn t40_silent_nodes_expire() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let route = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let route = route_of(&mut c, "orders").await;
     assert_eq!(
         route.error.map(|e| e.code()),
         Some(ErrorCode::TopicNotFound)
     );
-    let info = c
-        .get_cluster_info(ClusterInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = cluster_info(&mut c).await;
     assert!(info.clusters.is_empty());
 
     ns.stop().await;
@@ -450,13 +415,7 @@ async fn t60_binary_prints_its_port_and_serves() {
     assert_ne!(addr.port(), 0);
 
     let mut c = client(addr).await;
-    let route = c
-        .route(RouteRequest {
-            topic: "orders".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let route = route_of(&mut c, "orders").await;
     assert_eq!(
         route.error.map(|e| e.code()),
         Some(ErrorCode::TopicNotFound)

@@ -172,34 +172,31 @@ mod tests {
         follower_lag_redirect: 50,
     };
 
+    /// The node a leader (node 1) with these followers and this produce rate picks for a pull at
+    /// offset 5 of 10 needing log index 50.
+    fn leader_picks(followers: Vec<FollowerView>, produce_msgs_per_sec: f64) -> u64 {
+        let v = NodeView::Leader {
+            followers,
+            produce_msgs_per_sec,
+        };
+        decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id
+    }
+
     #[test]
     fn idle_leader_keeps_its_consumers() {
-        let v = NodeView::Leader {
-            followers: vec![f(2, Some(10), 100)],
-            produce_msgs_per_sec: 10.0,
-        };
-        assert_eq!(
-            decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id,
-            1
-        );
+        assert_eq!(leader_picks(vec![f(2, Some(10), 100)], 10.0), 1);
     }
 
     #[test]
     fn loaded_leader_sends_to_a_caught_up_reachable_follower_only() {
-        let v = NodeView::Leader {
-            followers: vec![
-                f(2, Some(10), 40),
-                f(3, Some(900), 100),
-                f(4, None, 100),
-                f(5, Some(20), 100),
-            ],
-            produce_msgs_per_sec: 5000.0,
-        };
+        let followers = vec![
+            f(2, Some(10), 40),
+            f(3, Some(900), 100),
+            f(4, None, 100),
+            f(5, Some(20), 100),
+        ];
         // 2 lags (40 < 50), 3 is silent past the election timeout, 4 never answered: only 5 fits.
-        assert_eq!(
-            decide((1, "n1:1"), &v, &pos(5, 10, 50), &CFG, 500).node_id,
-            5
-        );
+        assert_eq!(leader_picks(followers, 5000.0), 5);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use raftmq_raft_log::Member;
@@ -81,6 +81,23 @@ impl Node {
             }
         });
         node
+    }
+
+    /// The applied state, read under its lock (a lock poisoned by a panicking writer still reads).
+    pub fn state(&self) -> RwLockReadGuard<'_, BrokerState> {
+        self.member
+            .state()
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One value of the applied state, or the type's default when the lock is poisoned.
+    pub fn state_value<T: Default>(&self, f: impl FnOnce(&BrokerState) -> T) -> T {
+        self.member
+            .state()
+            .read()
+            .map(|s| f(&s))
+            .unwrap_or_default()
     }
 
     /// Records a heartbeat and returns the live members of the group, sorted.

@@ -77,34 +77,32 @@ mod tests {
 
     #[test]
     fn hands_over_only_to_a_caught_up_reachable_preferred_voter() {
-        assert!(should_transfer(
-            &status(Role::Leader, 1, 0, Some(20)),
-            2,
-            350
-        ));
-        assert!(
-            !should_transfer(&status(Role::Leader, 1, 5, Some(20)), 2, 350),
-            "lagging"
-        );
-        assert!(
-            !should_transfer(&status(Role::Leader, 1, 0, Some(900)), 2, 350),
-            "silent"
-        );
-        assert!(
-            !should_transfer(&status(Role::Leader, 1, 0, None), 2, 350),
-            "never answered"
-        );
-        assert!(
-            !should_transfer(&status(Role::Follower, 1, 0, Some(20)), 2, 350),
-            "not the leader"
-        );
-        assert!(
-            !should_transfer(&status(Role::Leader, 2, 0, Some(20)), 2, 350),
-            "already preferred"
-        );
-        assert!(
-            !should_transfer(&status(Role::Leader, 1, 0, Some(20)), 4, 350),
-            "not a voter"
-        );
+        let cases = [
+            ("caught up", status(Role::Leader, 1, 0, Some(20)), 2, true),
+            ("lagging", status(Role::Leader, 1, 5, Some(20)), 2, false),
+            ("silent", status(Role::Leader, 1, 0, Some(900)), 2, false),
+            ("never answered", status(Role::Leader, 1, 0, None), 2, false),
+            (
+                "not the leader",
+                status(Role::Follower, 1, 0, Some(20)),
+                2,
+                false,
+            ),
+            (
+                "already preferred",
+                status(Role::Leader, 2, 0, Some(20)),
+                2,
+                false,
+            ),
+            (
+                "not a voter",
+                status(Role::Leader, 1, 0, Some(20)),
+                4,
+                false,
+            ),
+        ];
+        for (name, st, preferred, expected) in cases {
+            assert_eq!(should_transfer(&st, preferred, 350), expected, "{name}");
+        }
     }
 }

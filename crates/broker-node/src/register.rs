@@ -16,11 +16,7 @@ use crate::node::Node;
 fn request(node: &Node) -> RegisterRequest {
     let st = node.member.status();
     let topics = {
-        let s = node
-            .member
-            .state()
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let s = node.state();
         s.topic_list()
             .into_iter()
             .map(|(topic, queues)| TopicQueues { topic, queues })
@@ -45,12 +41,7 @@ fn request(node: &Node) -> RegisterRequest {
 /// What, when it changes, calls for an immediate registration.
 fn fingerprint(node: &Node) -> (String, u64, Option<u64>, u64) {
     let st = node.member.status();
-    let tv = node
-        .member
-        .state()
-        .read()
-        .map(|s| s.topic_version)
-        .unwrap_or(0);
+    let tv = node.state_value(|s| s.topic_version);
     (st.role.as_str().to_string(), st.term, st.leader, tv)
 }
 

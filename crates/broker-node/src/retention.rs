@@ -61,12 +61,7 @@ pub fn spawn(node: Arc<Node>) {
             node.disk_full
                 .store(used > cfg.full_watermark_pct as f64, Ordering::Relaxed);
             let st = node.member.status();
-            let trimmed = node
-                .member
-                .state()
-                .read()
-                .map(|s| s.trimmed_index)
-                .unwrap_or(0);
+            let trimmed = node.state_value(|s| s.trimmed_index);
             // Every node purges its own log once the trim is applied.
             if trimmed > st.purged
                 && st.applied >= trimmed

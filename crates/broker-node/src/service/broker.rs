@@ -94,12 +94,7 @@ impl BrokerService for Broker {
                 ..Default::default()
             }));
         }
-        let st = self
-            .node
-            .member
-            .state()
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let st = self.node.state();
         let v = st.offsets.get(&(req.group, req.topic, req.queue)).copied();
         Ok(Response::new(FetchOffsetResponse {
             error: None,
@@ -177,12 +172,7 @@ impl BrokerService for Broker {
         &self,
         _req: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
-        let st = self
-            .node
-            .member
-            .state()
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let st = self.node.state();
         let topics = st
             .topic_list()
             .into_iter()

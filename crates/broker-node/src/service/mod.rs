@@ -103,12 +103,7 @@ impl Broker {
     /// The topic's name is valid, it exists on this node, and `queue` is one of its queues.
     fn check_topic(&self, topic: &str, queue: u32) -> Result<()> {
         check_name("topic", topic).map_err(Error::invalid)?;
-        let st = self
-            .node
-            .member
-            .state()
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let st = self.node.state();
         match st.topics.get(topic) {
             None => Err(Refused::TopicNotFound {
                 topic: topic.to_string(),

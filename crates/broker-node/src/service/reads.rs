@@ -25,12 +25,7 @@ impl Broker {
         let mut watch = self.node.member.watch();
         loop {
             let (min_offset, max_offset) = {
-                let st = self
-                    .node
-                    .member
-                    .state()
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner());
+                let st = self.node.state();
                 match st.queue(&req.topic, req.queue) {
                     Some(q) => (q.min_offset, q.next_offset),
                     None => {
@@ -103,12 +98,7 @@ impl Broker {
         max: u32,
     ) -> Result<(Vec<StoredMessage>, bool)> {
         let runs: Vec<crate::state::Run> = {
-            let st = self
-                .node
-                .member
-                .state()
-                .read()
-                .unwrap_or_else(|p| p.into_inner());
+            let st = self.node.state();
             let Some(q) = st.queue(topic, queue) else {
                 return Ok((Vec::new(), false));
             };

@@ -11,7 +11,7 @@ impl Broker {
     pub(super) fn status_response(&self) -> NodeStatusResponse {
         let n = &self.node;
         let st = n.member.status();
-        let state = n.member.state().read().unwrap_or_else(|p| p.into_inner());
+        let state = n.state();
         let queues = state
             .topics
             .iter()

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use raftmq_proto::v1::{ErrorCode, PullRequest};
+use raftmq_proto::v1::{ErrorCode, PullRequest, SendRequest, SendResponse};
 
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use tonic::transport::Channel;
 
-use crate::{Cluster, SendOutcome, code, connect, send_request};
+use crate::{Cluster, SendOutcome, SendTarget, code, connect, send_request, send_until};
 
 /// An idempotent producer on one connection per node, following NOT_LEADER hints; a batch is
 /// retried with the same (producer, sequence) until it is acknowledged or its deadline passes.
@@ -47,46 +47,39 @@ impl Sender {
     ) -> SendOutcome {
         self.seq += 1;
         let req = send_request(self.producer_id, self.seq, topic, queue, bodies);
-        let t = Instant::now();
-        let mut last = String::new();
-        while t.elapsed() < deadline {
-            let addr = self.addrs[self.target].clone();
-            let client = self
-                .clients
-                .entry(self.target)
-                .or_insert_with(|| connect_lazy(&addr));
-            match tokio::time::timeout(Duration::from_secs(5), client.send(req.clone())).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    match code(&r.error) {
-                        ErrorCode::Ok => return SendOutcome::Acked(r),
-                        ErrorCode::NotLeader => {
-                            let hint = r.error.as_ref().and_then(|e| e.leader.clone());
-                            if let Some(i) =
-                                hint.and_then(|l| self.addrs.iter().position(|a| *a == l.address))
-                            {
-                                self.target = i;
-                                continue;
-                            }
-                            last = format!("{:?}", r.error);
-                        }
-                        ErrorCode::Unavailable | ErrorCode::Busy => last = format!("{:?}", r.error),
-                        _ => return SendOutcome::Failed(format!("{:?}", r.error)),
-                    }
-                }
-                Ok(Err(s)) => {
-                    last = s.to_string();
-                    self.clients.remove(&self.target);
-                }
-                Err(_) => {
-                    last = "timeout".into();
-                    self.clients.remove(&self.target);
-                }
+        send_until(self, &req, deadline).await
+    }
+}
+
+impl SendTarget for Sender {
+    async fn attempt(&mut self, req: &SendRequest) -> Result<SendResponse, String> {
+        let addr = self.addrs[self.target].clone();
+        let client = self
+            .clients
+            .entry(self.target)
+            .or_insert_with(|| connect_lazy(&addr));
+        let why = match tokio::time::timeout(Duration::from_secs(5), client.send(req.clone())).await
+        {
+            Ok(Ok(r)) => return Ok(r.into_inner()),
+            Ok(Err(s)) => s.to_string(),
+            Err(_) => "timeout".into(),
+        };
+        self.clients.remove(&self.target);
+        Err(why)
+    }
+
+    fn follow(&mut self, leader: String) -> bool {
+        match self.addrs.iter().position(|a| *a == leader) {
+            Some(i) => {
+                self.target = i;
+                true
             }
-            self.target = (self.target + 1) % self.addrs.len();
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            None => false,
         }
-        SendOutcome::Failed(format!("deadline passed: {last}"))
+    }
+
+    fn next(&mut self, _failures: usize) {
+        self.target = (self.target + 1) % self.addrs.len();
     }
 }
 
@@ -413,16 +406,5 @@ pub async fn wait_caught_up(
     (None, term)
 }
 
-/// Bytes of the files under `dir`.
-pub fn dir_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.filter_map(|e| e.ok())
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
+/// Bytes of the files under `dir` (the CLI's `catchup` measures with the same function).
+pub use raftmq_cli::commands::catchup::dir_bytes;

@@ -288,6 +288,36 @@ pub enum SendOutcome {
     Failed(String),
 }
 
+/// What one send reply tells a retrying producer.
+pub enum SendReply {
+    /// Acknowledged, or refused for good: the send is over.
+    Done(SendOutcome),
+    /// Worth another attempt: at `leader` when the reply names one, else `why` is the last error.
+    Retry { leader: Option<String>, why: String },
+}
+
+/// Judges one send reply: OK and the errors no retry helps end the send; NOT_LEADER (with the
+/// leader's address when the hint has one), UNAVAILABLE and BUSY ask for another attempt.
+pub fn send_reply(r: SendResponse) -> SendReply {
+    match code(&r.error) {
+        ErrorCode::Ok => SendReply::Done(SendOutcome::Acked(r)),
+        ErrorCode::NotLeader => SendReply::Retry {
+            leader: r
+                .error
+                .as_ref()
+                .and_then(|e| e.leader.as_ref())
+                .map(|l| l.address.clone())
+                .filter(|a| !a.is_empty()),
+            why: format!("{:?}", r.error),
+        },
+        ErrorCode::Unavailable | ErrorCode::Busy => SendReply::Retry {
+            leader: None,
+            why: format!("{:?}", r.error),
+        },
+        _ => SendReply::Done(SendOutcome::Failed(format!("{:?}", r.error))),
+    }
+}
+
 /// The send of one batch of `bodies` as producer `producer_id`'s sequence `seq`.
 pub fn send_request(
     producer_id: u64,
@@ -330,39 +360,68 @@ impl TestProducer {
     ) -> SendOutcome {
         self.seq += 1;
         let req = send_request(self.producer_id, self.seq, topic, queue, bodies);
-        let t = Instant::now();
-        let mut rr = 0usize;
-        let mut last = String::new();
-        while t.elapsed() < deadline {
-            let mut c = connect(&self.target).await;
-            match tokio::time::timeout(Duration::from_secs(2), c.send(req.clone())).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    match code(&r.error) {
-                        ErrorCode::Ok => return SendOutcome::Acked(r),
-                        ErrorCode::NotLeader => {
-                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone())
-                                && !l.address.is_empty()
-                            {
-                                self.target = l.address;
-                                continue;
-                            }
-                            last = format!("{:?}", r.error);
-                        }
-                        ErrorCode::Unavailable | ErrorCode::Busy => last = format!("{:?}", r.error),
-                        _ => return SendOutcome::Failed(format!("{:?}", r.error)),
-                    }
-                }
-                Ok(Err(s)) => last = s.to_string(),
-                Err(_) => last = "timeout".into(),
-            }
-            // Unknown leader or unreachable node: try the next node.
-            rr += 1;
-            self.target = self.addrs[rr % self.addrs.len()].clone();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        SendOutcome::Failed(format!("deadline passed: {last}"))
+        send_until(self, &req, deadline).await
     }
+}
+
+impl SendTarget for TestProducer {
+    async fn attempt(&mut self, req: &SendRequest) -> Result<SendResponse, String> {
+        let mut c = connect(&self.target).await;
+        match tokio::time::timeout(Duration::from_secs(2), c.send(req.clone())).await {
+            Ok(r) => r.map(|r| r.into_inner()).map_err(|s| s.to_string()),
+            Err(_) => Err("timeout".into()),
+        }
+    }
+
+    fn follow(&mut self, leader: String) -> bool {
+        self.target = leader;
+        true
+    }
+
+    fn next(&mut self, failures: usize) {
+        self.target = self.addrs[failures % self.addrs.len()].clone();
+    }
+}
+
+/// Where a retrying producer sends one batch.
+pub(crate) trait SendTarget {
+    /// One attempt at the current node: its reply, or why there is none.
+    async fn attempt(&mut self, req: &SendRequest) -> Result<SendResponse, String>;
+    /// Moves to the hinted leader; false when it is no node this producer knows.
+    fn follow(&mut self, leader: String) -> bool;
+    /// Moves on after the `failures`-th failed attempt of this send (unknown leader or
+    /// unreachable node).
+    fn next(&mut self, failures: usize);
+}
+
+/// Sends `req` through `target` until it is acknowledged, refused for good, or `deadline` passes:
+/// a NOT_LEADER hint is followed at once, any other retry waits 20 ms at the next node.
+pub(crate) async fn send_until(
+    target: &mut impl SendTarget,
+    req: &SendRequest,
+    deadline: Duration,
+) -> SendOutcome {
+    let t = Instant::now();
+    let mut failures = 0usize;
+    let mut last = String::new();
+    while t.elapsed() < deadline {
+        match target.attempt(req).await {
+            Ok(r) => match send_reply(r) {
+                SendReply::Done(outcome) => return outcome,
+                SendReply::Retry { leader, why } => {
+                    if leader.is_some_and(|l| target.follow(l)) {
+                        continue;
+                    }
+                    last = why;
+                }
+            },
+            Err(why) => last = why,
+        }
+        failures += 1;
+        target.next(failures);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    SendOutcome::Failed(format!("deadline passed: {last}"))
 }
 
 /// Reads a whole queue from one node: (offset, body) in order.

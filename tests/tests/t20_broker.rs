@@ -351,6 +351,46 @@ async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
     }
 }
 
+/// t25's pull from the start of queue 0 as consumer `consumer`.
+fn hint_pull(consumer: &str) -> PullRequest {
+    PullRequest {
+        topic: TOPIC.into(),
+        queue: 0,
+        offset: 0,
+        max_messages: 10,
+        consumer_id: consumer.into(),
+        ..Default::default()
+    }
+}
+
+/// t25's round: 50 messages acknowledged in queue 0 (the leader stays loaded), then 8 pulls from
+/// `leader` as consumers `{prefix}0` to `{prefix}7`.
+async fn load_and_pull(
+    c: &Cluster,
+    p: &mut TestProducer,
+    leader: u64,
+    prefix: &str,
+) -> Vec<PullResponse> {
+    let SendOutcome::Acked(_) = p
+        .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))
+        .await
+    else {
+        panic!()
+    };
+    let mut replies = Vec::new();
+    for i in 0..8 {
+        replies.push(
+            c.client(leader)
+                .await
+                .pull(hint_pull(&format!("{prefix}{i}")))
+                .await
+                .unwrap()
+                .into_inner(),
+        );
+    }
+    replies
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     // A threshold of 1 msg/s makes the leader count as loaded as soon as anything is produced.
@@ -358,33 +398,12 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     create_topic(&c).await;
     let leader = c.leader().await;
     let mut p = TestProducer::new(5, vec![c.nodes[&leader].addr.clone()]);
-    let pull = |consumer: &str| PullRequest {
-        topic: TOPIC.into(),
-        queue: 0,
-        offset: 0,
-        max_messages: 10,
-        consumer_id: consumer.into(),
-        ..Default::default()
-    };
     // Keep the leader loaded until a pull from it is redirected.
     let followers: BTreeSet<u64> = c.nodes.keys().copied().filter(|id| *id != leader).collect();
     let mut suggested = BTreeSet::new();
     let t = Instant::now();
     while suggested.len() < 2 && t.elapsed() < Duration::from_secs(20) {
-        let SendOutcome::Acked(_) = p
-            .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))
-            .await
-        else {
-            panic!()
-        };
-        for i in 0..8 {
-            let r = c
-                .client(leader)
-                .await
-                .pull(pull(&format!("c{i}")))
-                .await
-                .unwrap()
-                .into_inner();
+        for r in load_and_pull(&c, &mut p, leader, "c").await {
             assert_eq!(r.served_by.as_ref().unwrap().node_id, leader);
             let s = r.suggested.unwrap().node_id;
             if s != leader {
@@ -413,20 +432,7 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     )
     .await;
     for round in 0..5 {
-        let SendOutcome::Acked(_) = p
-            .send(TOPIC, 0, vec![b"load".to_vec(); 50], Duration::from_secs(5))
-            .await
-        else {
-            panic!()
-        };
-        for i in 0..8 {
-            let r = c
-                .client(leader)
-                .await
-                .pull(pull(&format!("c{round}-{i}")))
-                .await
-                .unwrap()
-                .into_inner();
+        for r in load_and_pull(&c, &mut p, leader, &format!("c{round}-")).await {
             assert_ne!(
                 r.suggested.unwrap().node_id,
                 paused,
@@ -454,7 +460,7 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
         .await
         .pull(PullRequest {
             offset: end,
-            ..pull("tail")
+            ..hint_pull("tail")
         })
         .await
         .unwrap()

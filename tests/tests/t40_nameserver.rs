@@ -40,6 +40,22 @@ async fn route(addr: &str, topic: &str) -> Option<(Option<u64>, Vec<(u64, String
     ))
 }
 
+/// Waits up to `secs` seconds until `accept` takes the route of "routed" that nameserver `ns`
+/// gives (its leader, its nodes with their roles).
+async fn wait_route<T>(
+    ns: &str,
+    what: &str,
+    secs: u64,
+    accept: impl Fn(Option<u64>, &[(u64, String)]) -> Option<T>,
+) -> T {
+    let accept = &accept;
+    wait_for(what, Duration::from_secs(secs), || async move {
+        let (l, nodes) = route(ns, "routed").await?;
+        accept(l, &nodes)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node() {
     let mut c = Cluster::start(3, &[]).await;
@@ -86,14 +102,9 @@ async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node()
     )
     .await;
     for ns in [&ns1_addr, &ns2_addr] {
-        wait_for(
-            "the route names the leader",
-            Duration::from_secs(10),
-            || async {
-                let (l, nodes) = route(ns, "routed").await?;
-                (l == Some(leader) && nodes.len() == 3).then_some(())
-            },
-        )
+        wait_route(ns, "the route names the leader", 10, |l, nodes| {
+            (l == Some(leader) && nodes.len() == 3).then_some(())
+        })
         .await;
     }
 
@@ -122,8 +133,7 @@ async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node()
 
     // The killed node disappears after the expiry (3 s here).
     for ns in [&ns1_addr, &ns2_addr] {
-        wait_for("the dead node expires", Duration::from_secs(15), || async {
-            let (_, nodes) = route(ns, "routed").await?;
+        wait_route(ns, "the dead node expires", 15, |_, nodes| {
             (!nodes.iter().any(|(id, _)| *id == leader)).then_some(())
         })
         .await;
@@ -131,11 +141,11 @@ async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node()
     // Restarted, it is routed as a follower.
     c.spawn(leader);
     for ns in [&ns1_addr, &ns2_addr] {
-        wait_for(
+        wait_route(
+            ns,
             "the restarted node is routed as follower",
-            Duration::from_secs(15),
-            || async {
-                let (l, nodes) = route(ns, "routed").await?;
+            15,
+            |l, nodes| {
                 (l == Some(new_leader)
                     && nodes
                         .iter()

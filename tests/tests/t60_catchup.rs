@@ -161,24 +161,21 @@ async fn catch_up(loss: Loss, under_load: bool) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t01_wiped_follower_of_a_gigabyte_log_catches_up_on_an_idle_group() {
-    catch_up(Loss::Wiped, false).await;
+/// One catch-up test a (loss, load) case; each keeps its own name, so each runs and fails alone.
+macro_rules! catch_up_test {
+    ($($name:ident: $loss:expr, $load:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            catch_up($loss, $load).await;
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t02_far_behind_follower_catches_up_a_gigabyte_on_an_idle_group() {
-    catch_up(Loss::FarBehind, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t03_wiped_follower_of_a_gigabyte_log_catches_up_under_produce_load() {
-    catch_up(Loss::Wiped, true).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t04_far_behind_follower_catches_up_a_gigabyte_under_produce_load() {
-    catch_up(Loss::FarBehind, true).await;
+catch_up_test! {
+    t01_wiped_follower_of_a_gigabyte_log_catches_up_on_an_idle_group: Loss::Wiped, false;
+    t02_far_behind_follower_catches_up_a_gigabyte_on_an_idle_group: Loss::FarBehind, false;
+    t03_wiped_follower_of_a_gigabyte_log_catches_up_under_produce_load: Loss::Wiped, true;
+    t04_far_behind_follower_catches_up_a_gigabyte_under_produce_load: Loss::FarBehind, true;
 }
 
 /// CPU seconds (user + system) process `pid` has used.

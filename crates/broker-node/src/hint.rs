@@ -224,38 +224,23 @@ mod tests {
 
     #[test]
     fn follower_sends_back_to_leader_when_it_lags_or_lost_contact() {
-        let lagging = NodeView::Follower {
-            leader: Some((1, "n1:1".into())),
-            millis_since_leader_contact: Some(10),
-            apply_backlog: 500,
-        };
-        assert_eq!(
-            decide((2, "n2:1"), &lagging, &pos(10, 10, 0), &CFG, 500).node_id,
-            1
-        );
-        // Not yet at its end: it still serves what it has.
-        assert_eq!(
-            decide((2, "n2:1"), &lagging, &pos(5, 10, 0), &CFG, 500).node_id,
-            2
-        );
-        let cut_off = NodeView::Follower {
-            leader: Some((1, "n1:1".into())),
-            millis_since_leader_contact: Some(5000),
-            apply_backlog: 0,
-        };
-        assert_eq!(
-            decide((2, "n2:1"), &cut_off, &pos(5, 10, 0), &CFG, 500).node_id,
-            1
-        );
-        let fine = NodeView::Follower {
-            leader: Some((1, "n1:1".into())),
-            millis_since_leader_contact: Some(50),
-            apply_backlog: 0,
-        };
-        assert_eq!(
-            decide((2, "n2:1"), &fine, &pos(10, 10, 0), &CFG, 500).node_id,
-            2
-        );
+        // (case, ms since the leader's last contact, apply backlog, next offset of 10, expected)
+        let cases = [
+            ("lagging at its end", 10, 500, 10, 1),
+            // Not yet at its end: it still serves what it has.
+            ("lagging not yet at its end", 10, 500, 5, 2),
+            ("cut off from the leader", 5000, 0, 5, 1),
+            ("fine at its end", 50, 0, 10, 2),
+        ];
+        for (name, contact_ms, apply_backlog, next, expected) in cases {
+            let v = NodeView::Follower {
+                leader: Some((1, "n1:1".into())),
+                millis_since_leader_contact: Some(contact_ms),
+                apply_backlog,
+            };
+            let got = decide((2, "n2:1"), &v, &pos(next, 10, 0), &CFG, 500).node_id;
+            assert_eq!(got, expected, "{name}");
+        }
     }
 
     fn stay_on(id: u64) -> Hint {

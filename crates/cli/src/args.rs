@@ -2,6 +2,8 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::commands::bench::ProduceShape;
+
 /// raftmq: a message broker whose broker groups are Raft groups.
 #[derive(Debug, Parser)]
 #[command(name = "raftmq", version, about, propagate_version = true)]
@@ -204,29 +206,8 @@ pub enum BenchCmd {
         count: u64,
         #[arg(long, default_value_t = 1024)]
         size: usize,
-        /// Messages awaiting acknowledgement at once (1 = one message at a time).
-        #[arg(long, default_value_t = 256)]
-        inflight: usize,
-        /// Producer linger in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        linger_ms: u64,
-        /// Producer window: most batches in flight at once (default: the producer's).
-        #[arg(long)]
-        inflight_batches: Option<usize>,
-        /// Producer window per broker group: most batches in flight to one group (default: the
-        /// producer's).
-        #[arg(long)]
-        broker_inflight_batches: Option<usize>,
-        /// Batches in flight at once per queue (messages without a key; default: the producer's).
-        #[arg(long)]
-        lanes: Option<usize>,
-        /// Most messages in one batch (default: the producer's)
-        #[arg(long)]
-        batch_messages: Option<usize>,
-        /// Give messages keys, cycling through this many (`key-0`, `key-1`, ...): each key's
-        /// messages go to one queue, in order. 0: no keys.
-        #[arg(long, default_value_t = 0)]
-        keys: u64,
+        #[command(flatten)]
+        shape: ProduceShape,
     },
     /// Consume as fast as pulls allow (latency = now − store time).
     Consume {

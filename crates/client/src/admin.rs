@@ -15,7 +15,7 @@ use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::{self, ErrorCode};
 use tokio::time::Instant;
 
-use crate::conn::request;
+use crate::conn::{each_attempt, request};
 use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::router::{RetryPolicy, Router};
@@ -182,14 +182,14 @@ impl Admin {
                 update: false,
             };
             self.router
-                .call_leader(broker, "CreateTopic", deadline, |ch, t| {
-                    let req = req.clone();
-                    async move {
-                        BrokerServiceClient::new(ch)
-                            .create_topic(request(req, t))
-                            .await
-                    }
-                })
+                .call_leader(
+                    broker,
+                    "CreateTopic",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).create_topic(r).await
+                    }),
+                )
                 .await?;
         }
         self.wait_for_route(name, &targets, deadline).await?;
@@ -264,14 +264,14 @@ impl Admin {
             };
             let r = self
                 .router
-                .call_leader(&b.name, "DeleteTopic", deadline, |ch, t| {
-                    let req = req.clone();
-                    async move {
-                        BrokerServiceClient::new(ch)
-                            .delete_topic(request(req, t))
-                            .await
-                    }
-                })
+                .call_leader(
+                    &b.name,
+                    "DeleteTopic",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).delete_topic(r).await
+                    }),
+                )
                 .await;
             match r {
                 Ok(_) => done.push(b.name.clone()),
@@ -415,14 +415,14 @@ impl Admin {
             address: address.to_string(),
         };
         self.router
-            .call_leader(broker, "AddLearner", self.deadline(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    AdminServiceClient::new(ch)
-                        .add_learner(request(req, t))
-                        .await
-                }
-            })
+            .call_leader(
+                broker,
+                "AddLearner",
+                self.deadline(),
+                each_attempt(&req, |ch, r| async move {
+                    AdminServiceClient::new(ch).add_learner(r).await
+                }),
+            )
             .await?;
         Ok(())
     }
@@ -432,14 +432,14 @@ impl Admin {
         self.router.cluster_info().await?;
         let req = v1::ChangeVotersRequest { voters };
         self.router
-            .call_leader(broker, "ChangeVoters", self.deadline(), |ch, t| {
-                let req = req.clone();
-                async move {
-                    AdminServiceClient::new(ch)
-                        .change_voters(request(req, t))
-                        .await
-                }
-            })
+            .call_leader(
+                broker,
+                "ChangeVoters",
+                self.deadline(),
+                each_attempt(&req, |ch, r| async move {
+                    AdminServiceClient::new(ch).change_voters(r).await
+                }),
+            )
             .await?;
         Ok(())
     }

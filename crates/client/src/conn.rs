@@ -75,6 +75,16 @@ pub(crate) fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     r
 }
 
+/// The `call` of `Router::call_leader`: every attempt sends `rpc` a copy of `msg` as a
+/// [`request`] told the attempt's timeout.
+pub(crate) fn each_attempt<T, F, Fut>(msg: &T, mut rpc: F) -> impl FnMut(Channel, Duration) -> Fut
+where
+    T: Clone,
+    F: FnMut(Channel, tonic::Request<T>) -> Fut,
+{
+    move |ch, t| rpc(ch, request(msg.clone(), t))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

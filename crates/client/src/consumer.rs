@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::Bytes;
-use crate::conn::{MESSAGE_BYTES_MAX, request};
+use crate::conn::{MESSAGE_BYTES_MAX, each_attempt, request};
 use crate::error::{Error, Result};
 use crate::nameserver::parse_nameservers;
 use crate::queue::{QueueId, allocate_averagely};
@@ -405,14 +405,14 @@ async fn commit_offset(shared: &Shared, q: &QueueId, offset: u64) -> Result<()> 
     let deadline = Instant::now() + shared.config.rpc_timeout;
     shared
         .router
-        .call_leader(&q.broker, "CommitOffset", deadline, |ch, t| {
-            let req = req.clone();
-            async move {
-                BrokerServiceClient::new(ch)
-                    .commit_offset(request(req, t))
-                    .await
-            }
-        })
+        .call_leader(
+            &q.broker,
+            "CommitOffset",
+            deadline,
+            each_attempt(&req, |ch, r| async move {
+                BrokerServiceClient::new(ch).commit_offset(r).await
+            }),
+        )
         .await?;
     Ok(())
 }
@@ -431,14 +431,14 @@ async fn leave_group(shared: &Shared) {
         let broker = b.name.clone();
         async move {
             let r = router
-                .call_leader(&broker, "LeaveGroup", deadline, |ch, t| {
-                    let req = req.clone();
-                    async move {
-                        BrokerServiceClient::new(ch)
-                            .leave_group(request(req, t))
-                            .await
-                    }
-                })
+                .call_leader(
+                    &broker,
+                    "LeaveGroup",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).leave_group(r).await
+                    }),
+                )
                 .await;
             if let Err(e) = r {
                 tracing::debug!("leave group on {broker}: {e}");
@@ -486,14 +486,14 @@ impl Coordinator {
             let broker = b.name.clone();
             async move {
                 router
-                    .call_leader(&broker, "Heartbeat", deadline, |ch, t| {
-                        let req = req.clone();
-                        async move {
-                            BrokerServiceClient::new(ch)
-                                .heartbeat(request(req, t))
-                                .await
-                        }
-                    })
+                    .call_leader(
+                        &broker,
+                        "Heartbeat",
+                        deadline,
+                        each_attempt(&req, |ch, r| async move {
+                            BrokerServiceClient::new(ch).heartbeat(r).await
+                        }),
+                    )
                     .await
             }
         });
@@ -607,13 +607,7 @@ impl Puller {
                     let r = shared
                         .router
                         .call_leader_timed(&q.broker, "Pull", deadline, first, |ch, t| {
-                            let req = req.clone();
-                            async move {
-                                BrokerServiceClient::new(ch)
-                                    .max_decoding_message_size(MESSAGE_BYTES_MAX)
-                                    .pull(request(req, t))
-                                    .await
-                            }
+                            pull_on(ch, req.clone(), t)
                         })
                         .await;
                     match r {
@@ -692,24 +686,19 @@ impl Puller {
         timeout: Duration,
     ) -> Result<v1::PullResponse> {
         let ch = shared.router.pool.channel(address)?;
-        let resp = tokio::time::timeout(
-            timeout,
-            BrokerServiceClient::new(ch)
-                .max_decoding_message_size(MESSAGE_BYTES_MAX)
-                .pull(request(req, timeout)),
-        )
-        .await
-        .map_err(|_| Error::Timeout {
-            op: format!("Pull from {address}"),
-            waited: timeout,
-            last: "no answer".into(),
-        })?
-        .map_err(|status| Error::Rpc {
-            address: address.to_string(),
-            rpc: "Pull",
-            status: Box::new(status),
-        })?
-        .into_inner();
+        let resp = tokio::time::timeout(timeout, pull_on(ch, req, timeout))
+            .await
+            .map_err(|_| Error::Timeout {
+                op: format!("Pull from {address}"),
+                waited: timeout,
+                last: "no answer".into(),
+            })?
+            .map_err(|status| Error::Rpc {
+                address: address.to_string(),
+                rpc: "Pull",
+                status: Box::new(status),
+            })?
+            .into_inner();
         match &resp.error {
             Some(e) if e.code() != ErrorCode::Ok => Err(Error::Server {
                 address: address.to_string(),
@@ -769,6 +758,18 @@ impl Puller {
     }
 }
 
+/// One Pull on `ch`, the server told it has `timeout`; replies up to the message size limit.
+async fn pull_on(
+    ch: tonic::transport::Channel,
+    req: v1::PullRequest,
+    timeout: Duration,
+) -> std::result::Result<tonic::Response<v1::PullResponse>, tonic::Status> {
+    BrokerServiceClient::new(ch)
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .pull(request(req, timeout))
+        .await
+}
+
 async fn fetch_offset(shared: &Shared, q: &QueueId) -> Result<Option<u64>> {
     let req = v1::FetchOffsetRequest {
         group: shared.group.clone(),
@@ -778,14 +779,14 @@ async fn fetch_offset(shared: &Shared, q: &QueueId) -> Result<Option<u64>> {
     let deadline = Instant::now() + shared.config.rpc_timeout;
     let r = shared
         .router
-        .call_leader(&q.broker, "FetchOffset", deadline, |ch, t| {
-            let req = req.clone();
-            async move {
-                BrokerServiceClient::new(ch)
-                    .fetch_offset(request(req, t))
-                    .await
-            }
-        })
+        .call_leader(
+            &q.broker,
+            "FetchOffset",
+            deadline,
+            each_attempt(&req, |ch, r| async move {
+                BrokerServiceClient::new(ch).fetch_offset(r).await
+            }),
+        )
         .await;
     match r {
         Ok((resp, _)) => Ok(resp.found.then_some(resp.offset)),
@@ -808,13 +809,7 @@ async fn queue_bounds(shared: &Shared, q: &QueueId) -> Option<(u64, u64)> {
     let r = shared
         .router
         .call_leader(&q.broker, "Pull", deadline, |ch, t| {
-            let req = req.clone();
-            async move {
-                BrokerServiceClient::new(ch)
-                    .max_decoding_message_size(MESSAGE_BYTES_MAX)
-                    .pull(request(req, t))
-                    .await
-            }
+            pull_on(ch, req.clone(), t)
         })
         .await;
     if let Ok((resp, _)) = r {

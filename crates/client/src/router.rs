@@ -803,33 +803,47 @@ mod tests {
         (d.suspect, d.forget_leader, d.avoid, d.longer_attempts)
     }
 
+    /// A first failure (no hint hops yet) of a request to `h:1` sets `want` marks and decides
+    /// `next`.
+    #[track_caller]
+    fn expect_decision(failure: &Failure, want: (bool, bool, bool, bool), next: Next) {
+        let d = after_failure(failure, "h:1", 0);
+        assert_eq!(marks(&d), want, "marks after {failure:?}");
+        assert_eq!(d.next, next, "next after {failure:?}");
+    }
+
     #[test]
     fn r1_no_answer_avoids_the_node_everywhere_and_lengthens_attempts() {
-        let d = after_failure(&Failure::NoAnswer, "h:1", 0);
-        assert_eq!(marks(&d), (true, true, true, true));
-        assert_eq!(d.next, Next::AnotherNode);
+        expect_decision(
+            &Failure::NoAnswer,
+            (true, true, true, true),
+            Next::AnotherNode,
+        );
     }
 
     #[test]
     fn r2_an_unreachable_node_is_suspect_a_failed_request_only_avoided() {
-        let d = after_failure(&Failure::Transport { unreachable: true }, "h:1", 0);
-        assert_eq!(marks(&d), (true, true, true, false));
-        assert_eq!(d.next, Next::AnotherNodeOrBackoff);
-        let d = after_failure(&Failure::Transport { unreachable: false }, "h:1", 0);
-        assert_eq!(marks(&d), (false, true, true, false));
-        assert_eq!(d.next, Next::AnotherNodeOrBackoff);
+        expect_decision(
+            &Failure::Transport { unreachable: true },
+            (true, true, true, false),
+            Next::AnotherNodeOrBackoff,
+        );
+        expect_decision(
+            &Failure::Transport { unreachable: false },
+            (false, true, true, false),
+            Next::AnotherNodeOrBackoff,
+        );
     }
 
     #[test]
     fn r3_a_hint_is_followed_at_once() {
-        let d = after_failure(&not_leader(Some(2), false), "h:1", 0);
-        assert_eq!(marks(&d), (false, false, false, false));
-        assert_eq!(
-            d.next,
+        expect_decision(
+            &not_leader(Some(2), false),
+            (false, false, false, false),
             Next::Hinted {
                 leader: node(2),
-                backoff_first: false
-            }
+                backoff_first: false,
+            },
         );
     }
 
@@ -850,18 +864,18 @@ mod tests {
 
     #[test]
     fn r5_a_hint_to_a_suspect_leader_is_not_followed() {
-        let d = after_failure(&not_leader(Some(2), true), "h:1", 0);
-        assert_eq!(marks(&d), (false, false, true, false));
-        assert_eq!(d.next, Next::AnotherNode);
+        expect_decision(
+            &not_leader(Some(2), true),
+            (false, false, true, false),
+            Next::AnotherNode,
+        );
     }
 
     #[test]
     fn r6_no_leader_known_backs_off_and_avoids_the_node() {
         for f in [not_leader(None, false), not_leader(Some(1), false)] {
             // No hint, or the node names itself: an election is running.
-            let d = after_failure(&f, "h:1", 0);
-            assert_eq!(marks(&d), (false, true, true, false), "{f:?}");
-            assert_eq!(d.next, Next::Backoff);
+            expect_decision(&f, (false, true, true, false), Next::Backoff);
         }
     }
 
@@ -871,16 +885,12 @@ mod tests {
             code: ErrorCode::Unavailable,
             hint: None,
         };
-        let d = after_failure(&unavailable, "h:1", 0);
-        assert_eq!(marks(&d), (false, true, true, false));
-        assert_eq!(d.next, Next::Backoff);
+        expect_decision(&unavailable, (false, true, true, false), Next::Backoff);
         let busy = Failure::Code {
             code: ErrorCode::Busy,
             hint: None,
         };
-        let d = after_failure(&busy, "h:1", 0);
-        assert_eq!(marks(&d), (false, false, false, false));
-        assert_eq!(d.next, Next::Backoff);
+        expect_decision(&busy, (false, false, false, false), Next::Backoff);
     }
 
     #[test]

@@ -16,14 +16,11 @@ pub async fn leader(nameserver: &str, json: bool, cmd: LeaderCmd) -> Result<()> 
     let started = Instant::now();
     admin.transfer_leader(&broker, to).await?;
     let ms = started.elapsed().as_millis();
-    if json {
-        println!(
-            "{}",
-            json_line(&json!({"broker": broker, "leader_id": to, "millis": ms}))
-        );
-    } else {
-        println!("node {to} now leads {broker} ({ms} ms)");
-    }
+    print_outcome(
+        json,
+        json!({"broker": broker, "leader_id": to, "millis": ms}),
+        format!("node {to} now leads {broker} ({ms} ms)"),
+    );
     Ok(())
 }
 
@@ -48,16 +45,11 @@ pub async fn node(nameserver: &str, json: bool, cmd: NodeCmd) -> Result<()> {
                 admin.change_voters(&broker, voters).await?;
             }
             let role = if learner { "learner" } else { "voter" };
-            if json {
-                println!(
-                    "{}",
-                    json_line(
-                        &json!({"broker": broker, "node_id": node_id, "address": address, "role": role})
-                    )
-                );
-            } else {
-                println!("node {node_id} ({address}) added to {broker} as {role}");
-            }
+            print_outcome(
+                json,
+                json!({"broker": broker, "node_id": node_id, "address": address, "role": role}),
+                format!("node {node_id} ({address}) added to {broker} as {role}"),
+            );
         }
         NodeCmd::Remove { broker, node_id } => {
             let voters = admin.voters(&broker).await?;
@@ -69,14 +61,11 @@ pub async fn node(nameserver: &str, json: bool, cmd: NodeCmd) -> Result<()> {
                 bail!("refusing to remove the last voter of {broker}");
             }
             admin.change_voters(&broker, rest.clone()).await?;
-            if json {
-                println!(
-                    "{}",
-                    json_line(&json!({"broker": broker, "removed": node_id, "voters": rest}))
-                );
-            } else {
-                println!("node {node_id} removed from {broker}; voters now {rest:?}");
-            }
+            print_outcome(
+                json,
+                json!({"broker": broker, "removed": node_id, "voters": rest}),
+                format!("node {node_id} removed from {broker}; voters now {rest:?}"),
+            );
         }
     }
     Ok(())
@@ -98,5 +87,14 @@ async fn wait_caught_up(admin: &Admin, broker: &str, node_id: u64, timeout_ms: u
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Prints one command's outcome: the JSON object with `--json`, else the sentence.
+fn print_outcome(json: bool, value: serde_json::Value, sentence: String) {
+    if json {
+        println!("{}", json_line(&value));
+    } else {
+        println!("{sentence}");
     }
 }

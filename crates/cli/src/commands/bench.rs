@@ -25,31 +25,16 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             target,
             count,
             size,
-            inflight,
-            linger_ms,
-            inflight_batches,
-            broker_inflight_batches,
-            lanes,
-            batch_messages,
-            keys,
+            shape,
         } => {
             let (_cluster, ns) = setup(nameserver, &target).await?;
-            let shape = ProduceShape {
-                inflight,
-                linger_ms,
-                inflight_batches,
-                broker_inflight_batches,
-                lanes,
-                batch_messages,
-                keys,
-            };
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
             if json {
                 println!(
                     "{}",
                     json_line(&json!({
-                        "bench": "produce", "size": size, "inflight": inflight, "keys": keys,
+                        "bench": "produce", "size": size, "inflight": shape.inflight, "keys": shape.keys,
                         "messages": t.messages, "failed": r.failed, "seconds": t.seconds,
                         "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
                         "latency_ms": r.latency, "cpu_steal_pct": r.cpu_steal_pct,
@@ -57,10 +42,13 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
                 );
             } else {
                 print_figures(
-                    &if keys > 0 {
-                        format!("produce {size} B, {inflight} in flight, {keys} keys")
+                    &if shape.keys > 0 {
+                        format!(
+                            "produce {size} B, {} in flight, {} keys",
+                            shape.inflight, shape.keys
+                        )
                     } else {
-                        format!("produce {size} B, {inflight} in flight")
+                        format!("produce {size} B, {} in flight", shape.inflight)
                     },
                     t.messages,
                     t.seconds,
@@ -197,17 +185,31 @@ pub(crate) struct ProduceRun {
     cpu_steal_pct: Option<f64>,
 }
 
-/// How the produce bench drives its producer.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct ProduceShape {
-    /// Messages awaiting acknowledgement at once.
+/// How the produce bench drives its producer (the `bench produce` flags).
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct ProduceShape {
+    /// Messages awaiting acknowledgement at once (1 = one message at a time).
+    #[arg(long, default_value_t = 256)]
     pub(crate) inflight: usize,
+    /// Producer linger in milliseconds.
+    #[arg(long, default_value_t = 0)]
     pub(crate) linger_ms: u64,
+    /// Producer window: most batches in flight at once (default: the producer's).
+    #[arg(long)]
     pub(crate) inflight_batches: Option<usize>,
+    /// Producer window per broker group: most batches in flight to one group (default: the
+    /// producer's).
+    #[arg(long)]
     pub(crate) broker_inflight_batches: Option<usize>,
+    /// Batches in flight at once per queue (messages without a key; default: the producer's).
+    #[arg(long)]
     pub(crate) lanes: Option<usize>,
+    /// Most messages in one batch (default: the producer's)
+    #[arg(long)]
     pub(crate) batch_messages: Option<usize>,
-    /// Keys to cycle through (0: messages without a key).
+    /// Give messages keys, cycling through this many (`key-0`, `key-1`, ...): each key's
+    /// messages go to one queue, in order. 0: no keys.
+    #[arg(long, default_value_t = 0)]
     pub(crate) keys: u64,
 }
 

@@ -14,6 +14,8 @@ pub mod catchup;
 pub mod config;
 mod encoding;
 pub mod error;
+#[cfg(test)]
+mod golden;
 pub mod log_store;
 mod metrics;
 pub mod network;

@@ -59,6 +59,26 @@ impl<S: crate::StateMachine> PeerServer<S> {
         }
     }
 
+    /// An election request (vote, pre-vote, leadership transfer): admitted as
+    /// [`Self::admit_electing`] says, then answered by `call`; a refusal is the reply.
+    async fn electing<T, R, E, Fut>(
+        &self,
+        req: Request<RaftRequest>,
+        what: &str,
+        call: impl FnOnce(T) -> Fut,
+    ) -> Result<Response<RaftReply>, Status>
+    where
+        T: serde::de::DeserializeOwned,
+        R: Serialize,
+        E: std::fmt::Display,
+        Fut: std::future::Future<Output = Result<R, E>>,
+    {
+        match self.admit_electing(req, what) {
+            Ok(rpc) => reply(call(rpc).await),
+            Err(e) => refused(e),
+        }
+    }
+
     fn check(&self, h: Option<&PeerHeader>) -> Result<(), String> {
         check_header(&self.me, h)
     }
@@ -219,30 +239,22 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
     }
 
     async fn vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit_electing(req, "vote") {
-            Ok(rpc) => rpc,
-            Err(e) => return refused(e),
-        };
-        reply(self.raft.vote(rpc).await)
+        self.electing(req, "vote", |rpc| self.raft.vote(rpc)).await
     }
 
     async fn pre_vote(&self, req: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit_electing(req, "pre-vote") {
-            Ok(rpc) => rpc,
-            Err(e) => return refused(e),
-        };
-        reply(self.raft.pre_vote(rpc).await)
+        self.electing(req, "pre-vote", |rpc| self.raft.pre_vote(rpc))
+            .await
     }
 
     async fn transfer_leader(
         &self,
         req: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let rpc = match self.admit_electing(req, "leadership transfer") {
-            Ok(rpc) => rpc,
-            Err(e) => return refused(e),
-        };
-        reply(self.raft.handle_transfer_leader(rpc).await)
+        self.electing(req, "leadership transfer", |rpc| {
+            self.raft.handle_transfer_leader(rpc)
+        })
+        .await
     }
 
     async fn install_snapshot(

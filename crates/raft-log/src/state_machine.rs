@@ -51,6 +51,25 @@ pub trait StateMachine: Send + Sync + 'static {
     fn restore(&mut self, data: &[u8]) -> io::Result<()>;
 }
 
+/// A state machine that keeps nothing: applies to an empty reply, snapshots to no bytes. For
+/// tests of the log, the storage and the formats, where the applied state does not matter
+/// (re-exported as `testkit::NoState`).
+#[cfg(any(test, feature = "testing"))]
+pub struct NoState;
+
+#[cfg(any(test, feature = "testing"))]
+impl StateMachine for NoState {
+    fn apply(&mut self, _index: u64, _term: u64, _payload: &[u8]) -> Bytes {
+        Bytes::new()
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn restore(&mut self, _data: &[u8]) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 pub type Snapshot = openraft::storage::Snapshot<
     openraft::impls::leader_id_adv::LeaderId<u64, u64>,
     u64,
@@ -334,26 +353,10 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
-
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
+    use crate::golden::hex;
 
     fn snapshot_file() -> SnapshotFile {
-        let nodes: BTreeMap<u64, openraft::BasicNode> = [1u64, 2, 3]
-            .into_iter()
-            .map(|id| {
-                (
-                    id,
-                    openraft::BasicNode {
-                        addr: format!("127.0.0.1:900{id}"),
-                    },
-                )
-            })
-            .collect();
-        let membership =
-            openraft::Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).expect("valid");
+        let membership = crate::golden::membership(&[1, 2, 3]);
         SnapshotFile {
             meta: SnapshotMeta {
                 last_log_id: Some(crate::types::log_id(4, 2, 500)),
@@ -402,19 +405,5 @@ mod tests {
         // Today's bytes still read.
         std::fs::write(dir.path().join("snapshot.bin"), &body).unwrap();
         assert!(Adapter::new(NoState, dir.path(), 1).is_ok());
-    }
-
-    struct NoState;
-
-    impl StateMachine for NoState {
-        fn apply(&mut self, _index: u64, _term: u64, _payload: &[u8]) -> Bytes {
-            Bytes::new()
-        }
-        fn snapshot(&self) -> Vec<u8> {
-            Vec::new()
-        }
-        fn restore(&mut self, _data: &[u8]) -> io::Result<()> {
-            Ok(())
-        }
     }
 }

@@ -9,6 +9,8 @@ use bytes::Bytes;
 
 use crate::{Member, MemberConfig, RaftConfig, Role, StateMachine};
 
+pub use crate::state_machine::NoState;
+
 /// A state machine that records every payload it applied, in order.
 #[derive(Default)]
 pub struct Recorder {

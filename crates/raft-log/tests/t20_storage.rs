@@ -6,21 +6,9 @@ use bytes::Bytes;
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use raftmq_raft_log::FlushMode;
 use raftmq_raft_log::log_store::{LogStore, RecoveryReport, meta::Meta};
-use raftmq_raft_log::state_machine::{Adapter, StateMachine};
+use raftmq_raft_log::state_machine::Adapter;
+use raftmq_raft_log::testkit::NoState;
 use raftmq_raft_log::types::{Entry, EntryPayload, Payload, TypeConfig, log_id};
-
-struct Nop;
-impl StateMachine for Nop {
-    fn apply(&mut self, _index: u64, _term: u64, _payload: &[u8]) -> Bytes {
-        Bytes::new()
-    }
-    fn snapshot(&self) -> Vec<u8> {
-        Vec::new()
-    }
-    fn restore(&mut self, _data: &[u8]) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The metadata store (vote, committed, purged) of the data dir `dir`.
 fn meta_db(dir: &std::path::Path) -> sled::Db {
@@ -67,17 +55,17 @@ async fn append_durably(store: &mut LogStore, batches: impl IntoIterator<Item = 
 }
 
 struct Builder;
-impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<Nop>, tempfile::TempDir>
+impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<NoState>, tempfile::TempDir>
     for Builder
 {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, LogStore, Adapter<Nop>), openraft::StorageError<TypeConfig>>
+    ) -> Result<(tempfile::TempDir, LogStore, Adapter<NoState>), openraft::StorageError<TypeConfig>>
     {
         let dir = tempfile::tempdir().unwrap();
         let db = meta_db(dir.path());
         let store = open(dir.path(), &db);
-        let (sm, _) = Adapter::new(Nop, &dir.path().join("sm"), 1024).unwrap();
+        let (sm, _) = Adapter::new(NoState, &dir.path().join("sm"), 1024).unwrap();
         Ok((dir, store, sm))
     }
 }

@@ -1,22 +1,8 @@
 //! Format versions at start: a data dir or a snapshot file written by a newer format stops the
 //! member with a message that says so, instead of being misread.
 
-use bytes::Bytes;
-use raftmq_raft_log::state_machine::StateMachine;
+use raftmq_raft_log::testkit::NoState;
 use raftmq_raft_log::{Member, MemberConfig, RaftConfig};
-
-struct Nop;
-impl StateMachine for Nop {
-    fn apply(&mut self, _index: u64, _term: u64, _payload: &[u8]) -> Bytes {
-        Bytes::new()
-    }
-    fn snapshot(&self) -> Vec<u8> {
-        Vec::new()
-    }
-    fn restore(&mut self, _data: &[u8]) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn config(data_dir: &std::path::Path) -> MemberConfig {
     MemberConfig {
@@ -44,7 +30,7 @@ async fn t01_a_data_dir_of_a_newer_format_does_not_start() {
             .unwrap();
         db.flush().unwrap();
     }
-    let Err(e) = Member::start(config(dir.path()), Nop).await else {
+    let Err(e) = Member::start(config(dir.path()), NoState).await else {
         panic!("a member started on a data dir of a newer format");
     };
     assert_eq!(

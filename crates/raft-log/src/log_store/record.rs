@@ -135,26 +135,11 @@ mod tests {
 #[cfg(test)]
 mod golden {
     use super::*;
+    use crate::golden::hex;
     use crate::types::Payload;
-    use std::collections::{BTreeMap, BTreeSet};
-
-    pub(crate) fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
 
     fn membership() -> openraft::Membership<u64, openraft::BasicNode> {
-        let nodes: BTreeMap<u64, openraft::BasicNode> = [1u64, 2, 3]
-            .into_iter()
-            .map(|id| {
-                (
-                    id,
-                    openraft::BasicNode {
-                        addr: format!("127.0.0.1:900{id}"),
-                    },
-                )
-            })
-            .collect();
-        openraft::Membership::new(vec![BTreeSet::from([1, 2])], nodes).expect("valid membership")
+        crate::golden::membership(&[1, 2])
     }
 
     /// One record of each payload kind (openraft's `EntryPayload`: its variant order is our tag on

@@ -117,6 +117,21 @@ mod tests {
         assert_eq!(c.bytes, TailCache::size(&entry(100, 10)));
     }
 
+    /// A cache holding entries 1 to 5 of 10 payload bytes each.
+    fn small_entries_1_to_5() -> TailCache {
+        let mut c = TailCache::default();
+        for i in 1..=5 {
+            c.push(entry(i, 10));
+        }
+        c
+    }
+
+    /// Holds no entry and counts no bytes.
+    fn assert_empty(c: &TailCache) {
+        assert_eq!(held(c), Vec::<u64>::new());
+        assert_eq!(c.bytes, 0);
+    }
+
     #[test]
     fn t03_the_byte_bound_forgets_the_oldest_entries() {
         let mut c = TailCache::default();
@@ -130,39 +145,54 @@ mod tests {
         assert_eq!(c.first_held(), Some(4));
         // An entry larger than the bound on its own is not kept either.
         c.push(entry(7, TAIL_CACHE_BYTES + 1));
-        assert_eq!(held(&c), Vec::<u64>::new());
-        assert_eq!(c.bytes, 0);
+        assert_empty(&c);
     }
 
-    #[test]
-    fn t04_truncate_forgets_from_the_index_on() {
-        let mut c = TailCache::default();
-        for i in 1..=5 {
-            c.push(entry(i, 10));
-        }
-        c.truncate_from(4);
-        assert_eq!(held(&c), vec![1, 2, 3]);
-        c.truncate_from(10);
-        assert_eq!(held(&c), vec![1, 2, 3]);
-        // The log goes on from the cut: the cache stays dense.
-        c.push(entry(4, 10));
-        assert_eq!(held(&c), vec![1, 2, 3, 4]);
-        c.truncate_from(0);
-        assert_eq!(held(&c), Vec::<u64>::new());
-        assert_eq!(c.bytes, 0);
+    /// A change to the cache in a step of a case.
+    enum Step {
+        Truncate(u64),
+        Purge(u64),
+        Push(u64),
     }
 
+    /// A step and the indexes held after it.
+    type Checked = (Step, &'static [u64]);
+
     #[test]
-    fn t05_purge_forgets_up_to_the_index() {
-        let mut c = TailCache::default();
-        for i in 1..=5 {
-            c.push(entry(i, 10));
+    fn t04_t05_truncate_forgets_from_the_index_on_and_purge_up_to_it() {
+        use Step::*;
+        // Each case starts from entries 1 to 5; after each step, the indexes held.
+        let cases: [(&str, &[Checked]); 2] = [
+            (
+                "t04 truncate forgets from the index on; the log goes on from the cut, dense",
+                &[
+                    (Truncate(4), &[1, 2, 3]),
+                    (Truncate(10), &[1, 2, 3]),
+                    (Push(4), &[1, 2, 3, 4]),
+                    (Truncate(0), &[]),
+                ],
+            ),
+            (
+                "t05 purge forgets up to the index",
+                &[(Purge(2), &[3, 4, 5]), (Purge(9), &[])],
+            ),
+        ];
+        for (name, steps) in cases {
+            let mut c = small_entries_1_to_5();
+            for (step, want) in steps {
+                match *step {
+                    Truncate(i) => c.truncate_from(i),
+                    Purge(i) => c.purge_to(i),
+                    Push(i) => c.push(entry(i, 10)),
+                }
+                assert_eq!(held(&c), *want, "{name}");
+                for i in 0..12 {
+                    assert_eq!(c.get(i).is_some(), want.contains(&i), "{name}: get({i})");
+                }
+                if want.is_empty() {
+                    assert_empty(&c);
+                }
+            }
         }
-        c.purge_to(2);
-        assert_eq!(held(&c), vec![3, 4, 5]);
-        assert!(c.get(2).is_none());
-        c.purge_to(9);
-        assert_eq!(held(&c), Vec::<u64>::new());
-        assert_eq!(c.bytes, 0);
     }
 }

@@ -121,32 +121,63 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    #[test]
-    fn t01_a_leader_that_heard_from_a_majority_is_not_cut_off() {
-        let t0 = Instant::now();
-        let now = t0 + ms(10_000);
-        // Itself and one of two peers, recently: 2 of 3.
-        let voters = [
-            Heard::Me,
-            Heard::At(now - ms(100)),
-            Heard::At(now - ms(5_000)),
-        ];
-        assert!(!is_cut_off(&voters, t0, WINDOW, now));
+    /// When the leader last heard from a voter, in milliseconds before the instant judged
+    /// (`Ago`) or before the leadership began (`Before`).
+    #[derive(Clone, Copy)]
+    enum V {
+        Me,
+        Ago(u64),
+        Before(u64),
+        Never,
     }
 
+    /// [`WINDOW`] in milliseconds.
+    const W: u64 = 1000;
+
     #[test]
-    fn t02_a_leader_whose_majority_is_silent_past_the_window_is_cut_off() {
-        let t0 = Instant::now();
-        let now = t0 + ms(10_000);
-        let voters = [
-            Heard::Me,
-            Heard::At(now - WINDOW - ms(1)),
-            Heard::At(now - ms(5_000)),
+    fn t01_t02_t04_a_leader_is_cut_off_when_its_majority_was_last_heard_past_the_window() {
+        use V::*;
+        assert_eq!(WINDOW, ms(W));
+        // Each case: its name, how long after the leadership began it is judged, what the
+        // leader heard from each voter, and the verdict.
+        let cases: [(&str, u64, [V; 3], bool); 4] = [
+            (
+                "t01 itself and one of two peers, recently: 2 of 3",
+                10_000,
+                [Me, Ago(100), Ago(5_000)],
+                false,
+            ),
+            (
+                "t02 a majority silent past the window",
+                10_000,
+                [Me, Ago(W + 1), Ago(5_000)],
+                true,
+            ),
+            (
+                "t02 exactly at the window still counts as heard",
+                10_000,
+                [Me, Ago(W), Never],
+                false,
+            ),
+            // A time from before this leadership (a stale reading) is judged by its age.
+            (
+                "t04 a young leadership excuses no voter heard long ago",
+                100,
+                [Me, Before(5_000), Before(5_000)],
+                true,
+            ),
         ];
-        assert!(is_cut_off(&voters, t0, WINDOW, now));
-        // Exactly at the window still counts as heard.
-        let voters = [Heard::Me, Heard::At(now - WINDOW), Heard::Never];
-        assert!(!is_cut_off(&voters, t0, WINDOW, now));
+        for (name, age, voters, cut_off) in cases {
+            let t0 = Instant::now();
+            let now = t0 + ms(age);
+            let voters = voters.map(|v| match v {
+                Me => Heard::Me,
+                Ago(n) => Heard::At(now - ms(n)),
+                Before(n) => Heard::At(t0 - ms(n)),
+                Never => Heard::Never,
+            });
+            assert_eq!(is_cut_off(&voters, t0, WINDOW, now), cut_off, "{name}");
+        }
     }
 
     #[test]
@@ -157,19 +188,6 @@ mod tests {
         assert!(!is_cut_off(&voters, t0, WINDOW, t0 + WINDOW));
         // Once it is older, voters never heard from in this term count as silent.
         assert!(is_cut_off(&voters, t0, WINDOW, t0 + WINDOW + ms(1)));
-    }
-
-    #[test]
-    fn t04_a_young_leadership_does_not_excuse_a_voter_heard_long_ago() {
-        let t0 = Instant::now();
-        let now = t0 + ms(100);
-        // A time from before this leadership (a stale reading) is judged by its age.
-        let voters = [
-            Heard::Me,
-            Heard::At(t0 - ms(5_000)),
-            Heard::At(t0 - ms(5_000)),
-        ];
-        assert!(is_cut_off(&voters, t0, WINDOW, now));
     }
 
     #[test]

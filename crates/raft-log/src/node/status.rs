@@ -281,6 +281,20 @@ mod tests {
         }
     }
 
+    /// Node 2 of three, following leader 1 in term 3, its log holding up to `last`.
+    fn follower_of_1_holding(last: u64) -> RaftMetrics<TypeConfig> {
+        let mut m = metrics(2, ServerState::Follower, 3, &[1, 2, 3], &[]);
+        m.current_leader = Some(1);
+        m.last_log_index = Some(last);
+        m
+    }
+
+    /// The status `m` maps to now, for a member that started now with no trackers.
+    fn status_now(m: &RaftMetrics<TypeConfig>) -> Status {
+        let now = now();
+        from_metrics(m, &local(now.std), &mut Trackers::default(), now, no_disk)
+    }
+
     fn no_disk() -> u64 {
         panic!("the log's size is read only while following a leader's commit index")
     }
@@ -333,9 +347,7 @@ mod tests {
     #[test]
     fn t02_a_follower_reports_its_leader_and_the_time_since_its_last_append() {
         let now = now();
-        let mut m = metrics(2, ServerState::Follower, 3, &[1, 2, 3], &[]);
-        m.current_leader = Some(1);
-        m.last_log_index = Some(50);
+        let m = follower_of_1_holding(50);
         let started = now.std - Duration::from_millis(10_000);
         let local = Local {
             // Last append 9,700 ms after start (stored plus one).
@@ -359,9 +371,7 @@ mod tests {
     #[test]
     fn t03_a_follower_far_behind_the_commit_index_it_was_sent_is_catching_up_until_it_holds_it() {
         let now = now();
-        let mut m = metrics(2, ServerState::Follower, 3, &[1, 2, 3], &[]);
-        m.current_leader = Some(1);
-        m.last_log_index = Some(10);
+        let mut m = follower_of_1_holding(10);
         let target = 10 + CATCH_UP_ENTER_ENTRIES + 1;
         let local = Local {
             leader_commit: Some(target),
@@ -379,9 +389,8 @@ mod tests {
 
     #[test]
     fn t04_a_candidate_has_no_leader_and_never_heard_from_one() {
-        let now = now();
         let m = metrics(3, ServerState::Candidate, 4, &[1, 2, 3], &[]);
-        let st = from_metrics(&m, &local(now.std), &mut Trackers::default(), now, no_disk);
+        let st = status_now(&m);
         assert_eq!(st.role, Role::Candidate);
         assert_eq!((st.leader, st.leader_address()), (None, None));
         assert_eq!(st.millis_since_leader_contact, None);
@@ -390,10 +399,9 @@ mod tests {
 
     #[test]
     fn t05_a_learner_is_listed_apart_from_the_voters() {
-        let now = now();
         let mut m = metrics(4, ServerState::Learner, 3, &[1, 2, 3], &[4]);
         m.current_leader = Some(1);
-        let st = from_metrics(&m, &local(now.std), &mut Trackers::default(), now, no_disk);
+        let st = status_now(&m);
         assert_eq!(st.role, Role::Learner);
         assert!(!st.voters.contains(&4));
         assert_eq!(st.learners, BTreeSet::from([4]));
@@ -402,21 +410,19 @@ mod tests {
 
     #[test]
     fn t06_a_leader_unknown_or_missing_from_the_membership_gives_no_address_hint() {
-        let now = now();
         let mut m = metrics(2, ServerState::Follower, 3, &[1, 2, 3], &[]);
-        let st = from_metrics(&m, &local(now.std), &mut Trackers::default(), now, no_disk);
+        let st = status_now(&m);
         assert_eq!((st.leader, st.leader_address()), (None, None));
         // Named by a heartbeat before this member learnt the membership that holds it.
         m.current_leader = Some(9);
-        let st = from_metrics(&m, &local(now.std), &mut Trackers::default(), now, no_disk);
+        let st = status_now(&m);
         assert_eq!((st.leader, st.leader_address()), (Some(9), None));
     }
 
     #[test]
     fn t07_a_stopped_member_is_down() {
-        let now = now();
         let m = metrics(1, ServerState::Shutdown, 3, &[1, 2, 3], &[]);
-        let st = from_metrics(&m, &local(now.std), &mut Trackers::default(), now, no_disk);
+        let st = status_now(&m);
         assert_eq!(st.role, Role::Shutdown);
         assert_eq!(st.role.as_str(), "down");
     }

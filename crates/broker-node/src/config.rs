@@ -367,42 +367,21 @@ impl Args {
             Some(p) => Config::from_file(p)?,
             None => Config::default(),
         };
-        if let Some(v) = self.cluster {
-            c.cluster = v;
-        }
-        if let Some(v) = self.broker {
-            c.broker = v;
-        }
-        if let Some(v) = self.node_id {
-            c.node_id = v;
-        }
-        if let Some(v) = self.listen {
-            c.listen = v;
-        }
-        if let Some(v) = self.advertise {
-            c.advertise = Some(v);
-        }
-        if let Some(v) = self.peers {
-            c.peers = v;
-        }
-        if let Some(v) = self.peer_routes {
-            c.peer_routes = v;
-        }
-        if let Some(v) = self.nameservers {
-            c.nameservers = v;
-        }
-        if let Some(v) = self.data_dir {
-            c.data_dir = v;
-        }
-        if let Some(v) = self.register_interval_ms {
-            c.register_interval_ms = v;
-        }
-        if let Some(v) = self.preferred_leader {
-            c.preferred_leader = Some(v);
-        }
-        if let Some(v) = self.leader_busy_msgs_per_sec {
-            c.read_hint.leader_busy_msgs_per_sec = v;
-        }
+        set(&mut c.cluster, self.cluster);
+        set(&mut c.broker, self.broker);
+        set(&mut c.node_id, self.node_id);
+        set(&mut c.listen, self.listen);
+        set(&mut c.advertise, self.advertise.map(Some));
+        set(&mut c.peers, self.peers);
+        set(&mut c.peer_routes, self.peer_routes);
+        set(&mut c.nameservers, self.nameservers);
+        set(&mut c.data_dir, self.data_dir);
+        set(&mut c.register_interval_ms, self.register_interval_ms);
+        set(&mut c.preferred_leader, self.preferred_leader.map(Some));
+        set(
+            &mut c.read_hint.leader_busy_msgs_per_sec,
+            self.leader_busy_msgs_per_sec,
+        );
         if let Some(v) = self.flush_mode {
             c.raft.flush_mode = match v.as_str() {
                 "fsync" => raftmq_raft_log::FlushMode::Fsync,
@@ -418,6 +397,13 @@ impl Args {
         c.log_json |= self.log_json;
         c.validate()?;
         Ok(c)
+    }
+}
+
+/// Overrides a config value with a command-line one, when given.
+fn set<T>(dst: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *dst = v;
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::conn::{each_attempt, request};
 use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
-use crate::router::{RetryPolicy, Router};
+use crate::router::{Reply, RetryPolicy, Router};
 
 /// Longest topic or group name (the contract's, `raftmq_proto::limits`).
 pub use raftmq_proto::limits::NAME_LEN_MAX as NAME_CHARS_MAX;
@@ -409,37 +409,43 @@ impl Admin {
 
     /// Adds node `node_id` at `address` to `broker` as a learner (replicates, does not vote).
     pub async fn add_learner(&self, broker: &str, node_id: u64, address: &str) -> Result<()> {
-        self.router.cluster_info().await?;
         let req = v1::AddLearnerRequest {
             node_id,
             address: address.to_string(),
         };
-        self.router
-            .call_leader(
-                broker,
-                "AddLearner",
-                self.deadline(),
-                each_attempt(&req, |ch, r| async move {
-                    AdminServiceClient::new(ch).add_learner(r).await
-                }),
-            )
-            .await?;
-        Ok(())
+        self.membership_change(broker, "AddLearner", req, |ch, r| async move {
+            AdminServiceClient::new(ch).add_learner(r).await
+        })
+        .await
     }
 
     /// Sets the voters of `broker` (promoting learners, removing nodes) by joint consensus.
     pub async fn change_voters(&self, broker: &str, voters: Vec<u64>) -> Result<()> {
-        self.router.cluster_info().await?;
         let req = v1::ChangeVotersRequest { voters };
+        self.membership_change(broker, "ChangeVoters", req, |ch, r| async move {
+            AdminServiceClient::new(ch).change_voters(r).await
+        })
+        .await
+    }
+
+    /// Refreshes the cluster view, then has `broker`'s leader apply the membership change `req`
+    /// through `call` (the RPC named `rpc`).
+    async fn membership_change<T, R, F, Fut>(
+        &self,
+        broker: &str,
+        rpc: &'static str,
+        req: T,
+        call: F,
+    ) -> Result<()>
+    where
+        T: Clone,
+        R: Reply,
+        F: FnMut(tonic::transport::Channel, tonic::Request<T>) -> Fut,
+        Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
+    {
+        self.router.cluster_info().await?;
         self.router
-            .call_leader(
-                broker,
-                "ChangeVoters",
-                self.deadline(),
-                each_attempt(&req, |ch, r| async move {
-                    AdminServiceClient::new(ch).change_voters(r).await
-                }),
-            )
+            .call_leader(broker, rpc, self.deadline(), each_attempt(&req, call))
             .await?;
         Ok(())
     }

@@ -451,6 +451,13 @@ mod tests {
     }
 
     /// Asserts the problem counters of `r`, that it fails, and that an excerpt starts with `tag`.
+    /// The baseline changed by `change` raises exactly `raised`, with `tag` in its report.
+    fn flagged_after(change: impl FnOnce(&mut Case), raised: &[(&'static str, u64)], tag: &str) {
+        let mut c = baseline();
+        change(&mut c);
+        assert_flagged(&c.check(), raised, tag);
+    }
+
     fn assert_flagged(r: &Report, raised: &[(&'static str, u64)], tag: &str) {
         assert_eq!(problems(r), only(raised), "{r}");
         assert!(!r.is_ok(), "{r}");
@@ -481,32 +488,41 @@ mod tests {
 
     #[test]
     fn t02_acknowledged_send_never_read_is_lost() {
-        let mut c = baseline();
-        // Acknowledged at q1@1 after producer 1's last send that was read: a lost suffix.
-        c.ops.push(acked(1, 6, 1, &[1]));
-        let r = c.check();
-        assert_flagged(&r, &[("lost", 1), ("lost_suffix", 1)], "LOST (suffix)");
+        flagged_after(
+            |c| {
+                // Acknowledged at q1@1 after producer 1's last send that was read: a lost suffix.
+                c.ops.push(acked(1, 6, 1, &[1]));
+            },
+            &[("lost", 1), ("lost_suffix", 1)],
+            "LOST (suffix)",
+        );
     }
 
     #[test]
     fn t03_acknowledged_message_missing_from_a_read_send_is_lost_in_the_middle() {
-        let mut c = baseline();
-        // The second message of producer 1's first send (acknowledged at q0@1) is on no node;
-        // the producer's sends before and after it are read: the middle of its run.
-        c.entries.retain(|(q, off, _)| (*q, *off) != (0, 1));
-        let r = c.check();
-        assert_flagged(&r, &[("lost", 1), ("lost_middle", 1)], "LOST (middle)");
+        flagged_after(
+            |c| {
+                // The second message of producer 1's first send (acknowledged at q0@1) is on no node;
+                // the producer's sends before and after it are read: the middle of its run.
+                c.entries.retain(|(q, off, _)| (*q, *off) != (0, 1));
+            },
+            &[("lost", 1), ("lost_middle", 1)],
+            "LOST (middle)",
+        );
     }
 
     #[test]
     fn t04_message_sent_once_and_stored_twice_is_a_duplicate() {
-        let mut c = baseline();
-        // Producer 1's second send (acknowledged at q1@0) also stored at q1@1: a retry applied
-        // twice. Within one queue a repeat also comes after the producer's later position, so
-        // the order rule counts it too.
-        c.entries.push((1, 1, body(1, 2, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("duplicates", 1), ("order", 1)], "DUPLICATE");
+        flagged_after(
+            |c| {
+                // Producer 1's second send (acknowledged at q1@0) also stored at q1@1: a retry applied
+                // twice. Within one queue a repeat also comes after the producer's later position, so
+                // the order rule counts it too.
+                c.entries.push((1, 1, body(1, 2, 0)));
+            },
+            &[("duplicates", 1), ("order", 1)],
+            "DUPLICATE",
+        );
     }
 
     #[test]
@@ -532,11 +548,14 @@ mod tests {
 
     #[test]
     fn t07_committed_offset_read_back_lower_goes_backwards() {
-        let mut c = baseline();
-        // Offset 2 acknowledged, and the node that acknowledged it then answers 1.
-        c.commits = vec![commit(0, 2, Some(1))];
-        let r = c.check();
-        assert_flagged(&r, &[("offsets_backwards", 1)], "OFFSET BACKWARDS q0");
+        flagged_after(
+            |c| {
+                // Offset 2 acknowledged, and the node that acknowledged it then answers 1.
+                c.commits = vec![commit(0, 2, Some(1))];
+            },
+            &[("offsets_backwards", 1)],
+            "OFFSET BACKWARDS q0",
+        );
     }
 
     #[test]
@@ -556,64 +575,82 @@ mod tests {
 
     #[test]
     fn t09_payload_read_but_never_sent_is_unexpected() {
-        let mut c = baseline();
-        // Producer 3 never sent anything.
-        c.entries.push((2, 0, body(3, 1, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("unexpected", 1)], "UNEXPECTED q2@0");
+        flagged_after(
+            |c| {
+                // Producer 3 never sent anything.
+                c.entries.push((2, 0, body(3, 1, 0)));
+            },
+            &[("unexpected", 1)],
+            "UNEXPECTED q2@0",
+        );
     }
 
     #[test]
     fn t10_bytes_that_are_no_payload_are_unexpected() {
-        let mut c = baseline();
-        c.entries
-            .push((2, 0, b"hist|1|5|0|not-the-padding".to_vec()));
-        let r = c.check();
-        assert_flagged(&r, &[("unexpected", 1)], "UNEXPECTED q2@0");
+        flagged_after(
+            |c| {
+                c.entries
+                    .push((2, 0, b"hist|1|5|0|not-the-padding".to_vec()));
+            },
+            &[("unexpected", 1)],
+            "UNEXPECTED q2@0",
+        );
     }
 
     #[test]
     fn t11_payload_in_another_queue_than_its_send_is_unexpected() {
-        let mut c = baseline();
-        // Producer 1's ambiguous fifth send went to q2, but is read in q3.
-        c.entries.push((3, 0, body(1, 5, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("unexpected", 1)], "UNEXPECTED q3@0");
+        flagged_after(
+            |c| {
+                // Producer 1's ambiguous fifth send went to q2, but is read in q3.
+                c.entries.push((3, 0, body(1, 5, 0)));
+            },
+            &[("unexpected", 1)],
+            "UNEXPECTED q3@0",
+        );
     }
 
     #[test]
     fn t12_refused_send_read_back_is_aborted() {
-        let mut c = baseline();
-        // Producer 1's fourth send to q1 was refused on every attempt, yet it is stored.
-        c.entries.push((1, 1, body(1, 4, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("aborted", 1)], "ABORTED q1@1");
+        flagged_after(
+            |c| {
+                // Producer 1's fourth send to q1 was refused on every attempt, yet it is stored.
+                c.entries.push((1, 1, body(1, 4, 0)));
+            },
+            &[("aborted", 1)],
+            "ABORTED q1@1",
+        );
     }
 
     #[test]
     fn t13_producer_messages_out_of_send_order_in_a_queue() {
-        let mut c = baseline();
-        // An ambiguous seventh send of producer 1 stored before its ambiguous third one.
-        c.ops
-            .push(op(1, 7, 0, 1, Outcome::Unknown("attempt timeout".into())));
-        c.entries.retain(|(q, off, _)| (*q, *off) != (0, 2));
-        c.entries.push((0, 2, body(1, 7, 0)));
-        c.entries.push((0, 4, body(1, 3, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("order", 1)], "ORDER q0");
+        flagged_after(
+            |c| {
+                // An ambiguous seventh send of producer 1 stored before its ambiguous third one.
+                c.ops
+                    .push(op(1, 7, 0, 1, Outcome::Unknown("attempt timeout".into())));
+                c.entries.retain(|(q, off, _)| (*q, *off) != (0, 2));
+                c.entries.push((0, 2, body(1, 7, 0)));
+                c.entries.push((0, 4, body(1, 3, 0)));
+            },
+            &[("order", 1)],
+            "ORDER q0",
+        );
     }
 
     #[test]
     fn t14_acknowledged_message_read_at_another_offset_is_misplaced() {
-        let mut c = baseline();
-        // Producer 2's message was acknowledged at q0@3 but is read at q0@4: q0@3 holds producer
-        // 1's ambiguous fifth send (sent to q0 here).
-        c.ops[4].queue = 0;
-        c.entries.retain(|(q, off, _)| (*q, *off) != (0, 3));
-        c.entries.push((0, 3, body(1, 5, 0)));
-        c.entries.push((0, 4, body(2, 1, 0)));
-        let r = c.check();
-        assert_flagged(&r, &[("misplaced", 1)], "MISPLACED");
+        flagged_after(
+            |c| {
+                // Producer 2's message was acknowledged at q0@3 but is read at q0@4: q0@3 holds producer
+                // 1's ambiguous fifth send (sent to q0 here).
+                c.ops[4].queue = 0;
+                c.entries.retain(|(q, off, _)| (*q, *off) != (0, 3));
+                c.entries.push((0, 3, body(1, 5, 0)));
+                c.entries.push((0, 4, body(2, 1, 0)));
+            },
+            &[("misplaced", 1)],
+            "MISPLACED",
+        );
     }
 
     #[test]

@@ -16,6 +16,23 @@ async fn create_topic(c: &Cluster) {
 }
 
 /// Every acknowledged (queue, offset, body) is on every node, and no body is stored twice.
+/// Group `group` commits `offset` for queue `queue` of the topic at node `id`, which accepts it.
+async fn commit_ok(c: &Cluster, id: u64, group: &str, queue: u32, offset: u64) {
+    let r = c
+        .client(id)
+        .await
+        .commit_offset(CommitOffsetRequest {
+            group: group.into(),
+            topic: TOPIC.into(),
+            queue,
+            offset,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok);
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -47,19 +64,7 @@ async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
     create_topic(&c).await;
     let leader = c.leader().await;
     // A consumer group commits an offset before the failover.
-    let r = c
-        .client(leader)
-        .await
-        .commit_offset(CommitOffsetRequest {
-            group: "g1".into(),
-            topic: TOPIC.into(),
-            queue: 2,
-            offset: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok);
+    commit_ok(&c, leader, "g1", 2, 0).await;
 
     let mut p = TestProducer::new(42, c.addrs());
     let mut acked = BTreeMap::new();
@@ -305,19 +310,7 @@ async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
             acked.insert((i % QUEUES, res.offset), b);
         }
     }
-    let r = c
-        .client(leader)
-        .await
-        .commit_offset(CommitOffsetRequest {
-            group: "g".into(),
-            topic: TOPIC.into(),
-            queue: 1,
-            offset: 17,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok);
+    commit_ok(&c, leader, "g", 1, 17).await;
     for id in 1..=3 {
         c.kill(id);
     }

@@ -33,6 +33,17 @@ async fn commit_ok(c: &Cluster, id: u64, group: &str, queue: u32, offset: u64) {
     assert_eq!(code(&r.error), ErrorCode::Ok);
 }
 
+/// Waits up to 20 s until node `id` is a follower that has applied everything `leader` had
+/// committed when called.
+async fn caught_up_as_follower(c: &Cluster, id: u64, leader: u64, what: &str) {
+    let target = c.status(leader).await.unwrap().committed;
+    wait_for(what, Duration::from_secs(20), || async {
+        let st = c.status(id).await?;
+        (st.role == "follower" && st.applied >= target).then_some(())
+    })
+    .await;
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -113,14 +124,11 @@ async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
 
     // The old leader restarts from its data dir, rejoins as follower and converges.
     c.spawn(leader);
-    let target = c.status(new_leader).await.unwrap().committed;
-    wait_for(
+    caught_up_as_follower(
+        &c,
+        leader,
+        new_leader,
         "the old leader catches up as follower",
-        Duration::from_secs(20),
-        || async {
-            let st = c.status(leader).await?;
-            (st.role == "follower" && st.applied >= target).then_some(())
-        },
     )
     .await;
     check_everywhere(&c, &acked).await;
@@ -488,16 +496,7 @@ async fn t26_wiped_follower_rejoins_and_holds_every_message() {
     c.kill(follower);
     std::fs::remove_dir_all(c.data_dir(follower)).unwrap();
     c.spawn(follower);
-    let target = c.status(leader).await.unwrap().committed;
-    wait_for(
-        "the wiped follower catches up",
-        Duration::from_secs(20),
-        || async {
-            let st = c.status(follower).await?;
-            (st.role == "follower" && st.applied >= target).then_some(())
-        },
-    )
-    .await;
+    caught_up_as_follower(&c, follower, leader, "the wiped follower catches up").await;
     check_everywhere(&c, &acked).await;
 }
 

@@ -44,6 +44,17 @@ async fn caught_up_as_follower(c: &Cluster, id: u64, leader: u64, what: &str) {
     .await;
 }
 
+/// Node `id`'s status of the topic's queue 0.
+async fn queue0(c: &Cluster, id: u64) -> QueueStatus {
+    c.status(id)
+        .await
+        .unwrap()
+        .queues
+        .into_iter()
+        .find(|q| q.topic == TOPIC && q.queue == 0)
+        .unwrap()
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -447,15 +458,7 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     // cut off (the leader paused) suggests the leader only while it still believes in it. Here: a
     // follower serving a consumer at its end with nothing pending suggests itself.
     let other = *followers.iter().nth(1).unwrap();
-    let end = c
-        .status(other)
-        .await
-        .unwrap()
-        .queues
-        .iter()
-        .find(|q| q.topic == TOPIC && q.queue == 0)
-        .unwrap()
-        .max_offset;
+    let end = queue0(&c, other).await.max_offset;
     let r = c
         .client(other)
         .await
@@ -573,15 +576,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
         .await;
     }
     let leader = c.leader().await;
-    let min = c
-        .status(leader)
-        .await
-        .unwrap()
-        .queues
-        .iter()
-        .find(|q| q.topic == TOPIC && q.queue == 0)
-        .unwrap()
-        .min_offset;
+    let min = queue0(&c, leader).await.min_offset;
     let r = c
         .client(leader)
         .await

@@ -55,6 +55,20 @@ async fn queue0(c: &Cluster, id: u64) -> QueueStatus {
         .unwrap()
 }
 
+/// Node `id`'s answer to group `group`'s fetch of its offset in queue `queue` of the topic.
+async fn fetch(c: &Cluster, id: u64, group: &str, queue: u32) -> FetchOffsetResponse {
+    c.client(id)
+        .await
+        .fetch_offset(FetchOffsetRequest {
+            group: group.into(),
+            topic: TOPIC.into(),
+            queue,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -120,17 +134,7 @@ async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
     eprintln!("producer outage after leader SIGKILL: {outage:?}");
     let new_leader = c.leader().await;
     assert_ne!(new_leader, leader);
-    let r = c
-        .client(new_leader)
-        .await
-        .fetch_offset(FetchOffsetRequest {
-            group: "g1".into(),
-            topic: TOPIC.into(),
-            queue: 2,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = fetch(&c, new_leader, "g1", 2).await;
     assert!(r.found, "consumer-group offset survived the failover");
 
     // The old leader restarts from its data dir, rejoins as follower and converges.
@@ -348,17 +352,7 @@ async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
     }
     check_everywhere(&c, &acked).await;
     for id in 1..=3u64 {
-        let r = c
-            .client(id)
-            .await
-            .fetch_offset(FetchOffsetRequest {
-                group: "g".into(),
-                topic: TOPIC.into(),
-                queue: 1,
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = fetch(&c, id, "g", 1).await;
         assert_eq!((r.found, r.offset), (true, 17), "node {id}");
     }
 }

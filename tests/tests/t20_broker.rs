@@ -69,6 +69,15 @@ async fn fetch(c: &Cluster, id: u64, group: &str, queue: u32) -> FetchOffsetResp
         .into_inner()
 }
 
+/// Waits up to `secs` seconds until node `id` has applied `target`.
+async fn wait_applied(c: &Cluster, id: u64, target: u64, what: &str, secs: u64) {
+    wait_for(what, Duration::from_secs(secs), || async {
+        let st = c.status(id).await?;
+        (st.applied >= target).then_some(())
+    })
+    .await;
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -180,15 +189,7 @@ async fn t22_follower_sigkill_sends_and_pulls_go_on_and_it_catches_up() {
     assert_eq!(got.len(), 10, "pulls go on with a follower down");
     c.spawn(follower);
     let target = c.status(leader).await.unwrap().committed;
-    wait_for(
-        "the follower catches up",
-        Duration::from_secs(20),
-        || async {
-            let st = c.status(follower).await?;
-            (st.applied >= target).then_some(())
-        },
-    )
-    .await;
+    wait_applied(&c, follower, target, "the follower catches up", 20).await;
     check_everywhere(&c, &acked).await;
 }
 
@@ -640,15 +641,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
         );
         eprintln!("{:?}", c.status(follower).await);
     }
-    wait_for(
-        "the wiped follower catches up",
-        Duration::from_secs(30),
-        || async {
-            let st = c.status(follower).await?;
-            (st.applied >= target).then_some(())
-        },
-    )
-    .await;
+    wait_applied(&c, follower, target, "the wiped follower catches up", 30).await;
     let mut cl = c.client(follower).await;
     let mut offset = min;
     let end = *acked.keys().last().unwrap() + 1;

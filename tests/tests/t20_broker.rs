@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
+use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::*;
 use raftmq_tests::*;
 
@@ -76,6 +77,24 @@ async fn wait_applied(c: &Cluster, id: u64, target: u64, what: &str, secs: u64) 
         (st.applied >= target).then_some(())
     })
     .await;
+}
+
+/// One pull of up to `max_messages` from `offset` of the topic's queue 0.
+async fn pull0(
+    cl: &mut BrokerServiceClient<tonic::transport::Channel>,
+    offset: u64,
+    max_messages: u32,
+) -> PullResponse {
+    cl.pull(PullRequest {
+        topic: TOPIC.into(),
+        queue: 0,
+        offset,
+        max_messages,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
 
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
@@ -268,17 +287,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
         assert_eq!(code(&r.error), want, "{:?}", r.error);
         assert!(!r.error.as_ref().unwrap().message.is_empty());
     }
-    let r = cl
-        .pull(PullRequest {
-            topic: TOPIC.into(),
-            queue: 0,
-            offset: 50,
-            max_messages: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = pull0(&mut cl, 50, 10).await;
     assert_eq!(code(&r.error), ErrorCode::OffsetOutOfRange);
     let r = cl
         .create_topic(CreateTopicRequest {
@@ -572,19 +581,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
     }
     let leader = c.leader().await;
     let min = queue0(&c, leader).await.min_offset;
-    let r = c
-        .client(leader)
-        .await
-        .pull(PullRequest {
-            topic: TOPIC.into(),
-            queue: 0,
-            offset: 0,
-            max_messages: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = pull0(&mut c.client(leader).await, 0, 1).await;
     assert_eq!(
         code(&r.error),
         ErrorCode::OffsetOutOfRange,
@@ -592,17 +589,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
     );
     for id in 1..=3u64 {
         let mut cl = c.client(id).await;
-        let r = cl
-            .pull(PullRequest {
-                topic: TOPIC.into(),
-                queue: 0,
-                offset: min,
-                max_messages: 5,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = pull0(&mut cl, min, 5).await;
         if code(&r.error) == ErrorCode::OffsetOutOfRange && r.min_offset > min {
             continue; // trimmed further meanwhile (max age 1 s)
         }
@@ -646,17 +633,7 @@ async fn t27_retention_trims_old_segments_everywhere_and_a_wiped_follower_still_
     let mut offset = min;
     let end = *acked.keys().last().unwrap() + 1;
     while offset < end {
-        let r = cl
-            .pull(PullRequest {
-                topic: TOPIC.into(),
-                queue: 0,
-                offset,
-                max_messages: 50,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let r = pull0(&mut cl, offset, 50).await;
         // Retention keeps trimming as segments age (max age 1 s): skip what it trimmed meanwhile.
         if code(&r.error) == ErrorCode::OffsetOutOfRange && r.min_offset > offset {
             offset = r.min_offset;

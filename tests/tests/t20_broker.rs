@@ -97,6 +97,14 @@ async fn pull0(
     .into_inner()
 }
 
+/// Three nodes started with `args`, the topic created; and the leader.
+async fn start_with_topic(args: &[&str]) -> (Cluster, u64) {
+    let c = Cluster::start(3, args).await;
+    create_topic(&c).await;
+    let leader = c.leader().await;
+    (c, leader)
+}
+
 async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
     for id in c.nodes.keys() {
         let addr = &c.nodes[id].addr;
@@ -124,9 +132,7 @@ async fn check_everywhere(c: &Cluster, acked: &BTreeMap<(u32, u64), Vec<u8>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
-    let mut c = Cluster::start(3, &[]).await;
-    create_topic(&c).await;
-    let leader = c.leader().await;
+    let (mut c, leader) = start_with_topic(&[]).await;
     // A consumer group commits an offset before the failover.
     commit_ok(&c, leader, "g1", 2, 0).await;
 
@@ -180,9 +186,7 @@ async fn t21_leader_sigkill_under_load_loses_nothing_and_offsets_survive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t22_follower_sigkill_sends_and_pulls_go_on_and_it_catches_up() {
-    let mut c = Cluster::start(3, &[]).await;
-    create_topic(&c).await;
-    let leader = c.leader().await;
+    let (mut c, leader) = start_with_topic(&[]).await;
     let follower = *c.nodes.keys().find(|id| **id != leader).unwrap();
     c.kill(follower);
     let mut p = TestProducer::new(7, vec![c.nodes[&leader].addr.clone()]);
@@ -326,9 +330,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
-    let mut c = Cluster::start(3, &[]).await;
-    create_topic(&c).await;
-    let leader = c.leader().await;
+    let (mut c, leader) = start_with_topic(&[]).await;
     let mut p = TestProducer::new(9, c.addrs());
     let mut acked = BTreeMap::new();
     for i in 0..30u32 {
@@ -410,9 +412,7 @@ async fn load_and_pull(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
     // A threshold of 1 msg/s makes the leader count as loaded as soon as anything is produced.
-    let mut c = Cluster::start(3, &["--leader-busy-msgs-per-sec", "1"]).await;
-    create_topic(&c).await;
-    let leader = c.leader().await;
+    let (mut c, leader) = start_with_topic(&["--leader-busy-msgs-per-sec", "1"]).await;
     let mut p = TestProducer::new(5, vec![c.nodes[&leader].addr.clone()]);
     // Keep the leader loaded until a pull from it is redirected.
     let followers: BTreeSet<u64> = c.nodes.keys().copied().filter(|id| *id != leader).collect();
@@ -479,9 +479,7 @@ async fn t25_read_hint_sends_consumers_to_caught_up_followers_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t26_wiped_follower_rejoins_and_holds_every_message() {
-    let mut c = Cluster::start(3, &[]).await;
-    create_topic(&c).await;
-    let leader = c.leader().await;
+    let (mut c, leader) = start_with_topic(&[]).await;
     let mut p = TestProducer::new(11, c.addrs());
     let mut acked = BTreeMap::new();
     for i in 0..40u32 {

@@ -355,12 +355,7 @@ async fn t24_all_nodes_killed_and_restarted_keep_every_message_and_offset() {
     let leader = c.leader().await;
     let applied_all = c.status(leader).await.unwrap().committed;
     for id in 1..=3u64 {
-        wait_for(
-            "every node re-applies its log",
-            Duration::from_secs(20),
-            || async { (c.status(id).await?.applied >= applied_all).then_some(()) },
-        )
-        .await;
+        wait_applied(&c, id, applied_all, "every node re-applies its log", 20).await;
     }
     check_everywhere(&c, &acked).await;
     for id in 1..=3u64 {
@@ -720,11 +715,6 @@ async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit(
         acked.insert((0, r.results[0].offset), b"to-the-paused-leader".to_vec());
     }
     let target = c.status(new).await.unwrap().committed;
-    wait_for(
-        "the old leader converges",
-        Duration::from_secs(10),
-        || async { (c.status(old).await?.applied >= target).then_some(()) },
-    )
-    .await;
+    wait_applied(&c, old, target, "the old leader converges", 10).await;
     check_everywhere(&c, &acked).await;
 }

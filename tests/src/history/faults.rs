@@ -261,6 +261,16 @@ fn power_loss(c: &Cluster, id: u64) -> Result<String, String> {
         .map_err(|e| format!("power loss on node {id}: {e}"))
 }
 
+/// How long a paused leader stays paused: past the followers' election timeout (so they elect
+/// another leader), up to three timeouts.
+fn leader_pause(rng: &mut StdRng) -> Duration {
+    hold(
+        rng,
+        ELECTION_TIMEOUT_MS_MAX + 150,
+        ELECTION_TIMEOUT_MS_MAX * 3,
+    )
+}
+
 fn hold(rng: &mut StdRng, lo_ms: u64, hi_ms: u64) -> Duration {
     Duration::from_millis(rng.random_range(lo_ms..=hi_ms))
 }
@@ -348,24 +358,14 @@ pub async fn inject_opts(
         }
         FaultKind::PauseLeader => {
             c.pause(leader);
-            tokio::time::sleep(hold(
-                rng,
-                ELECTION_TIMEOUT_MS_MAX + 150,
-                ELECTION_TIMEOUT_MS_MAX * 3,
-            ))
-            .await;
+            tokio::time::sleep(leader_pause(rng)).await;
             c.resume(leader);
             vec![leader]
         }
         FaultKind::PauseLeaderKillFollower => {
             c.kill(follower);
             c.pause(leader);
-            tokio::time::sleep(hold(
-                rng,
-                ELECTION_TIMEOUT_MS_MAX + 150,
-                ELECTION_TIMEOUT_MS_MAX * 3,
-            ))
-            .await;
+            tokio::time::sleep(leader_pause(rng)).await;
             c.spawn(follower);
             tokio::time::sleep(hold(rng, 0, 500)).await;
             c.resume(leader);

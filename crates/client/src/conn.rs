@@ -46,9 +46,9 @@ impl Pool {
             return Ok(c.clone());
         }
         let endpoint = Endpoint::from_shared(endpoint_uri(address))
-            .map_err(|source| Error::InvalidAddress {
+            .map_err(|error| Error::InvalidAddress {
                 address: address.to_string(),
-                source,
+                reason: error_chain(&error),
             })?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
@@ -93,5 +93,46 @@ mod tests {
     fn addresses_get_a_scheme() {
         assert_eq!(endpoint_uri("127.0.0.1:9876"), "http://127.0.0.1:9876");
         assert_eq!(endpoint_uri("https://ns:9876"), "https://ns:9876");
+    }
+}
+
+/// An error and its causes on one line, outermost first (tonic's transport error says only
+/// "transport error"; what was wrong is in its source).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_address_names_the_address_and_its_cause_once() {
+        let pool = Pool::new(Duration::from_secs(1));
+        let err = pool.channel("bad host:1").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("invalid address \"bad host:1\": "),
+            "{text}"
+        );
+        assert!(
+            text.contains("invalid uri character"),
+            "the cause is shown: {text}"
+        );
+        assert!(std::error::Error::source(&err).is_none());
+        let words: Vec<&str> = text.split(": ").collect();
+        let mut unique = words.clone();
+        unique.dedup();
+        assert_eq!(words, unique, "a cause repeated: {text}");
     }
 }

@@ -16,13 +16,10 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// An address could not be turned into a gRPC endpoint.
-    #[error("invalid address {address:?}: {source}")]
-    InvalidAddress {
-        address: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// An address could not be turned into a gRPC endpoint. `reason` is the transport error with
+    /// its causes, as text and not a `source()`, so a chain printer shows it once.
+    #[error("invalid address {address:?}: {reason}")]
+    InvalidAddress { address: String, reason: String },
 
     /// No nameserver answered; `last` is the last failure seen.
     #[error("no nameserver answered (tried {addresses}): {last}")]
@@ -85,9 +82,10 @@ impl Error {
     pub(crate) fn duplicate(&self) -> Error {
         match self {
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
-            Error::InvalidAddress { address, source } => {
-                Error::InvalidArgument(format!("invalid address {address:?}: {source}"))
-            }
+            Error::InvalidAddress { address, reason } => Error::InvalidAddress {
+                address: address.clone(),
+                reason: reason.clone(),
+            },
             Error::NameserverUnavailable { addresses, last } => Error::NameserverUnavailable {
                 addresses: addresses.clone(),
                 last: last.clone(),

@@ -85,17 +85,6 @@ where
     move |ch, t| rpc(ch, request(msg.clone(), t))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn addresses_get_a_scheme() {
-        assert_eq!(endpoint_uri("127.0.0.1:9876"), "http://127.0.0.1:9876");
-        assert_eq!(endpoint_uri("https://ns:9876"), "https://ns:9876");
-    }
-}
-
 /// An error and its causes on one line, outermost first (tonic's transport error says only
 /// "transport error"; what was wrong is in its source).
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -113,8 +102,14 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 #[cfg(test)]
-mod address_tests {
+mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_get_a_scheme() {
+        assert_eq!(endpoint_uri("127.0.0.1:9876"), "http://127.0.0.1:9876");
+        assert_eq!(endpoint_uri("https://ns:9876"), "https://ns:9876");
+    }
 
     #[test]
     fn an_invalid_address_names_the_address_and_its_cause_once() {

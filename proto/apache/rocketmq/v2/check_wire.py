@@ -65,40 +65,34 @@ def compare_message(path, want, have, out):
             out.append(f"{path}: field {f.number} ({f.name}) missing")
         elif field_key(want, f) != field_key(have, h):
             out.append(f"{path}: field {f.number}: want {field_key(want, f)}, have {field_key(have, h)}")
-    for sub in want.nested_type:
-        match = [n for n in have.nested_type if n.name == sub.name]
-        if not match:
-            out.append(f"{path}.{sub.name}: missing")
+    compare_types(f"{path}.", want.nested_type, have.nested_type, want.enum_type, have.enum_type, out)
+
+
+def compare_types(prefix, want_msgs, have_msgs, want_enums, have_enums, out):
+    """Messages and enums declared in one scope (a file, or a message's nested types)."""
+    msgs = {m.name: m for m in have_msgs}
+    for m in want_msgs:
+        if m.name not in msgs:
+            out.append(f"{prefix}{m.name}: missing")
         else:
-            compare_message(f"{path}.{sub.name}", sub, match[0], out)
-    for e in want.enum_type:
-        match = [n for n in have.enum_type if n.name == e.name]
-        if not match:
-            out.append(f"{path}.{e.name}: enum missing")
+            compare_message(prefix + m.name, m, msgs[m.name], out)
+    enums = {e.name: e for e in have_enums}
+    for e in want_enums:
+        if e.name not in enums:
+            out.append(f"enum {prefix}{e.name}: missing")
         else:
-            compare_enum(f"{path}.{e.name}", e, match[0], out)
+            compare_enum(prefix + e.name, e, enums[e.name], out)
 
 
 def compare_file(want, have, out):
     if want.package != have.package:
         out.append(f"{have.name}: package {have.package}, want {want.package}")
-    msgs = {m.name: m for m in have.message_type}
-    for m in want.message_type:
-        if m.name not in msgs:
-            out.append(f"{m.name}: missing")
-        else:
-            compare_message(m.name, m, msgs[m.name], out)
-    enums = {e.name: e for e in have.enum_type}
-    for e in want.enum_type:
-        if e.name not in enums:
-            out.append(f"enum {e.name}: missing")
-        else:
-            compare_enum(e.name, e, enums[e.name], out)
+    compare_types("", want.message_type, have.message_type, want.enum_type, have.enum_type, out)
     services = {s.name: s for s in have.service}
+    key = lambda m: (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
     for s in want.service:
         methods = {x.name: x for x in services[s.name].method} if s.name in services else {}
         for x in s.method:
-            key = lambda m: (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
             if x.name not in methods:
                 out.append(f"rpc {s.name}.{x.name}: missing")
             elif key(x) != key(methods[x.name]):

@@ -41,12 +41,10 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// A free port of 127.0.0.1 for a process the test starts itself: outside the kernel's ephemeral
+/// range, so nothing takes it while that process is down ([`raftmq_cli::local_cluster::free_ports`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    raftmq_cli::local_cluster::free_ports(1).unwrap()[0]
 }
 
 /// How often the tests poll a condition.

@@ -300,16 +300,69 @@ pub struct LocalCluster {
     pub nodes: Nodes,
 }
 
-/// Free ports on 127.0.0.1, distinct (all listeners are held until every port is chosen).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()
-        .context("finding free ports on 127.0.0.1")?;
-    listeners
+/// Free ports on 127.0.0.1, distinct, chosen below the kernel's ephemeral range and never handed
+/// out twice by this process.
+///
+/// A port from the ephemeral range (what binding port 0 gives) is free only until the kernel hands
+/// it to someone else: while a node of one cluster is killed, an outgoing connection or another
+/// cluster's `bind(0)` may take its port, and on restart the node cannot listen — or, worse, a
+/// status probe of its address reaches another cluster's node (seen as two nodes claiming to lead
+/// under parallel tests). Ports below that range are never given out by the kernel, so a dead
+/// node's port stays its own. When the range below is too small, falls back to `bind(0)`.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<std::collections::HashSet<u16>>> = Mutex::new(None);
+    let (lo, hi) = (PORTS_FROM, ephemeral_low().saturating_sub(1));
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let given = given.get_or_insert_with(Default::default);
+    if hi <= lo || usize::from(hi - lo) < 16 * n {
+        let listeners: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()
+            .context("finding free ports on 127.0.0.1")?;
+        return listeners
+            .iter()
+            .map(|l| Ok(l.local_addr()?.port()))
+            .collect();
+    }
+    // A random start, so that test processes running side by side rarely try the same ports.
+    let span = u32::from(hi - lo) + 1;
+    let start = rand::random_range(0..span);
+    let mut held = Vec::with_capacity(n);
+    for k in 0..span {
+        if held.len() == n {
+            break;
+        }
+        let port = u16::try_from(u32::from(lo) + (start + k) % span).unwrap_or(lo);
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    anyhow::ensure!(
+        held.len() == n,
+        "finding {n} free ports on 127.0.0.1 in {lo}..={hi}: only {} free",
+        held.len()
+    );
+    let ports: Vec<u16> = held
         .iter()
         .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+        .collect::<Result<_>>()?;
+    given.extend(&ports);
+    Ok(ports)
+}
+
+/// The lowest port local clusters use: above the well-known and common service ports.
+const PORTS_FROM: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`; 32768 when unreadable).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// Async worker threads per node when all the nodes share this machine: its cores divided among
@@ -737,6 +790,11 @@ mod tests {
         let p = free_ports(4).expect("ports");
         let set: std::collections::HashSet<u16> = p.iter().copied().collect();
         assert_eq!(set.len(), 4);
+        // Never handed out twice, and outside the range the kernel gives to `bind(0)` and to
+        // outgoing connections.
+        let q = free_ports(4).expect("ports");
+        assert!(q.iter().all(|x| !set.contains(x)), "{p:?} then {q:?}");
+        assert!(q.iter().all(|&x| x < ephemeral_low()), "{q:?}");
     }
 
     #[test]

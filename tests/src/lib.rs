@@ -247,6 +247,7 @@ impl Cluster {
                 name: name.into(),
                 queues,
                 update: false,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -298,6 +298,7 @@ async fn t23_bad_input_gets_clear_errors_and_loses_nothing() {
             name: "x".into(),
             queues: 5000,
             update: false,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -93,6 +93,7 @@ async fn t41_both_nameservers_route_to_the_new_leader_and_expire_the_dead_node()
                     name: "routed".into(),
                     queues: 2,
                     update: false,
+                    ..Default::default()
                 })
                 .await
                 .ok()?

@@ -5,7 +5,8 @@
 //!
 //! A command is the postcard encoding of [`Command`], with no header (as every earlier build wrote
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
-//! `CommitOffset` 3, `Trim` 4), then the variant's fields in declaration order. Integers are
+//! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
+//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11), then the variant's fields in declaration order. Integers are
 //! varints, `bool` one byte, strings and byte strings a varint length then the bytes, a vector a
 //! varint count then its items. A `Send` is
 //!
@@ -35,7 +36,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 5;
+pub const COMMAND_TAGS: u32 = 12;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,6 +126,70 @@ pub enum CommandOf<B> {
     Trim {
         upto_log_index: u64,
     },
+    /// `CreateTopic` with the topic's message type (`raftmq.v1.TopicMessageType` as a number),
+    /// fixed at creation. What a leader proposes for every topic change from this build on.
+    ConfigureTopic {
+        name: String,
+        queues: u32,
+        update: bool,
+        message_type: u32,
+    },
+    /// Creates a POP consumer group, or replaces its config when `update`.
+    UpsertGroup {
+        name: String,
+        max_attempts: u32,
+        retry_delays_ms: Vec<u64>,
+        fifo: bool,
+        update: bool,
+    },
+    DeleteGroup {
+        name: String,
+    },
+    /// Hands out messages of a topic to a POP consumer group. The leader chose `picks` (queue,
+    /// offset) and, per queue, how far the group's new-message cursor moves (`advance`: offsets
+    /// below it that were not picked did not match the group's tag filter). Apply re-checks every
+    /// pick against the replicated state at the stamped clock `now_ms`, so a stale or concurrent
+    /// proposal can hand out nothing twice. `invisible_ms` 0 means the group's first retry delay.
+    Pop {
+        group: String,
+        topic: String,
+        now_ms: u64,
+        invisible_ms: u64,
+        create_group: bool,
+        picks: Vec<(u32, u64)>,
+        advance: Vec<(u32, u64)>,
+    },
+    /// Acknowledges deliveries by (queue, offset, issuing log index): the handle's parts.
+    Ack {
+        group: String,
+        topic: String,
+        now_ms: u64,
+        handles: Vec<(u32, u64, u64)>,
+    },
+    /// Sets a delivery's invisibility to `invisible_ms` from `now_ms`; the delivery gets a new
+    /// handle (this entry's index) and the old one stops being valid.
+    ChangeInvisible {
+        group: String,
+        topic: String,
+        queue: u32,
+        offset: u64,
+        issued: u64,
+        invisible_ms: u64,
+        now_ms: u64,
+    },
+    /// Moves a message to the group's dead-letter topic `%DLQ%<group>` (queue 0): one waiting
+    /// there since a `Pop` found it out of attempts (`issued` 0), or one handed out under the
+    /// handle `issued`. Applied once: a repeat finds it no longer waiting. `messages` holds the
+    /// message to store (none when it is no longer readable).
+    DeadLetter {
+        group: String,
+        topic: String,
+        queue: u32,
+        offset: u64,
+        issued: u64,
+        timestamp_ms: u64,
+        messages: Vec<B>,
+    },
 }
 
 /// The state machine's answer to a command. The variant index is the tag: append only, never
@@ -144,6 +209,25 @@ pub enum Reply {
         queues: u32,
     },
     Invalid(String),
+    /// What a `Pop` handed out: (queue, offset, delivery attempt, invisible until), all under the
+    /// handle index `issued`, and the (queue, offset) it found out of attempts.
+    Popped {
+        issued: u64,
+        delivered: Vec<(u32, u64, u32, u64)>,
+        dead: Vec<(u32, u64)>,
+    },
+    /// Per handle of an `Ack`, in order: whether it named a delivery still in flight.
+    Acked(Vec<bool>),
+    /// A `ChangeInvisible` applied: the new handle index and the new deadline.
+    Changed {
+        issued: u64,
+        invisible_until_ms: u64,
+    },
+    /// A receipt handle that names no delivery in flight (acked, expired and handed out again,
+    /// replaced, or never issued).
+    InvalidHandle(String),
+    GroupNotFound(String),
+    GroupExists(String),
 }
 
 pub type Command = CommandOf<StoredBody>;
@@ -153,7 +237,7 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         // A send is sized up front: growing the buffer by doubling would copy every body again.
         let size = match self {
-            CommandOf::Send { messages, .. } => messages
+            CommandOf::Send { messages, .. } | CommandOf::DeadLetter { messages, .. } => messages
                 .iter()
                 .map(|m| {
                     m.body.len()
@@ -179,6 +263,24 @@ impl<'a> CommandView<'a> {
     /// Decodes without copying message bodies, keys, tags or properties.
     pub fn view(b: &'a [u8]) -> Result<CommandView<'a>, postcard::Error> {
         postcard::from_bytes(b)
+    }
+
+    /// The messages an entry stored in a queue and their store time: a `Send`'s, or the one a
+    /// `DeadLetter` stored in its dead-letter topic.
+    pub fn stored(&self) -> Option<(&[BodyView<'a>], u64)> {
+        match self {
+            CommandOf::Send {
+                messages,
+                timestamp_ms,
+                ..
+            }
+            | CommandOf::DeadLetter {
+                messages,
+                timestamp_ms,
+                ..
+            } => Some((messages, *timestamp_ms)),
+            _ => None,
+        }
     }
 }
 

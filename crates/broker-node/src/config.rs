@@ -108,6 +108,32 @@ impl Default for Retention {
     }
 }
 
+/// The RocketMQ 5 front (`apache.rocketmq.v2`) and POP consumer groups (`[rocketmq]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RocketMq {
+    /// A RocketMQ 5 client that names an unknown topic gets TOPIC_NOT_FOUND unless this is set
+    /// (then the topic is created with `auto_create_queues` queues, type NORMAL).
+    pub auto_create_topics: bool,
+    pub auto_create_queues: u32,
+    /// A receive for a consumer group that does not exist creates it with the defaults (16
+    /// attempts, RocketMQ's retry ladder) unless this is false (then CONSUMER_GROUP_NOT_FOUND).
+    pub auto_create_groups: bool,
+    /// The longest a receive waits for a message (RocketMQ's proxy caps it at 20 s too).
+    pub receive_wait_ms_max: u32,
+}
+
+impl Default for RocketMq {
+    fn default() -> Self {
+        RocketMq {
+            auto_create_topics: false,
+            auto_create_queues: 8,
+            auto_create_groups: true,
+            receive_wait_ms_max: 20_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -133,6 +159,7 @@ pub struct Config {
     pub limits: Limits,
     pub read_hint: ReadHintConfig,
     pub retention: Retention,
+    pub rocketmq: RocketMq,
 }
 
 impl Default for Config {
@@ -154,6 +181,7 @@ impl Default for Config {
             limits: Limits::default(),
             read_hint: ReadHintConfig::default(),
             retention: Retention::default(),
+            rocketmq: RocketMq::default(),
         }
     }
 }

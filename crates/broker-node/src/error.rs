@@ -140,6 +140,25 @@ pub enum Refused {
         /// The existing topic's queue count.
         queues: u32,
     },
+    /// A receipt handle that names no delivery in flight: acknowledged already, handed out again
+    /// after its deadline, replaced by a change of invisibility, or not a handle of this group.
+    #[error("receipt handle is stale or invalid: {reason}")]
+    InvalidReceiptHandle {
+        /// What the handle named, or why it is not one.
+        reason: String,
+    },
+    /// The consumer group does not exist on this broker group.
+    #[error("consumer group {group:?} does not exist on this broker group")]
+    GroupNotFound {
+        /// The group asked for.
+        group: String,
+    },
+    /// A group creation without `update` for a group that exists with another config.
+    #[error("consumer group {group:?} exists with another config; pass update to change it")]
+    GroupExists {
+        /// The group.
+        group: String,
+    },
     /// A pull from an offset outside what the queue holds; the reply carries the range.
     #[error("offset {offset} is outside the queue's range [{min}, {max}]")]
     OffsetOutOfRange {
@@ -265,7 +284,23 @@ impl Error {
             .into(),
             Reply::Invalid(reason) => Error::invalid(reason.clone()),
             Reply::TopicExists { queues } => Refused::TopicExists { queues: *queues }.into(),
-            Reply::Ok | Reply::Sent { .. } => return None,
+            Reply::InvalidHandle(reason) => Refused::InvalidReceiptHandle {
+                reason: reason.clone(),
+            }
+            .into(),
+            Reply::GroupNotFound(group) => Refused::GroupNotFound {
+                group: group.clone(),
+            }
+            .into(),
+            Reply::GroupExists(group) => Refused::GroupExists {
+                group: group.clone(),
+            }
+            .into(),
+            Reply::Ok
+            | Reply::Sent { .. }
+            | Reply::Popped { .. }
+            | Reply::Acked(_)
+            | Reply::Changed { .. } => return None,
         })
     }
 
@@ -289,6 +324,9 @@ impl Error {
                 }
                 Refused::TopicExists { .. } => ErrorCode::TopicExists,
                 Refused::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
+                Refused::InvalidReceiptHandle { .. } => ErrorCode::InvalidReceiptHandle,
+                Refused::GroupNotFound { .. } => ErrorCode::GroupNotFound,
+                Refused::GroupExists { .. } => ErrorCode::GroupExists,
             },
             Error::Unavailable(u) => match u {
                 Unavailable::Busy => ErrorCode::Busy,

@@ -11,6 +11,7 @@
 //! - [`register`]: registration with every nameserver.
 //! - [`retention`]: retention by age and disk watermarks (trim, compaction, DISK_FULL).
 //! - [`preferred`]: the preferred leader (DLedger's preferredLeaderId).
+//! - [`pop`]: POP consumption (receive, ack, invisibility, dead letters) as replicated state.
 //! - [`node`]: the running node (member, load rates, consumer-group membership).
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -22,6 +23,7 @@ pub mod error;
 pub mod hint;
 pub mod metrics;
 pub mod node;
+pub mod pop;
 pub mod preferred;
 pub mod register;
 pub mod retention;
@@ -74,6 +76,7 @@ pub async fn serve(
     register::spawn(node.clone());
     retention::spawn(node.clone());
     preferred::spawn(node.clone());
+    service::spawn_dead_letter_mover(node.clone());
 
     // The whole server ("") answers health checks as soon as it listens (liveness); the broker
     // service is SERVING only while the node is ready (leads, or follows a live leader and holds

@@ -51,6 +51,8 @@ pub struct Node {
     pub groups: Mutex<HashMap<String, BTreeMap<String, Instant>>>,
     /// Set by the retention task when the data disk is above the full watermark.
     pub disk_full: AtomicBool,
+    /// Wakes the dead-letter mover (a receive found messages out of attempts).
+    pub dead_letters: tokio::sync::Notify,
 }
 
 impl Node {
@@ -65,6 +67,7 @@ impl Node {
             pulled: Rate::default(),
             groups: Mutex::new(HashMap::new()),
             disk_full: AtomicBool::new(false),
+            dead_letters: tokio::sync::Notify::new(),
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use raftmq_raft_log::state_machine::format;
 
-use crate::command::{CommandView, Reply, check_command_format};
+use crate::command::{BodyView, CommandView, Reply, check_command_format};
+use crate::pop::{self, PopState, TAGS_MIXED};
 
 /// The format version of the broker-state snapshot this build writes and the newest it reads.
 ///
@@ -28,18 +29,37 @@ use crate::command::{CommandView, Reply, check_command_format};
 /// stops the member (the snapshot also travels alone to a peer that installs it, so it carries its
 /// own version). Every struct here that is in a snapshot keeps its fields in order, never
 /// reordered or changed; a change is a new version.
-pub const BROKER_STATE_FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 (this build writes it) is the envelope, then the postcard encoding of
+/// [`BrokerState`]: version 1's fields, then `topic_types` and `pop` (the POP consumer state,
+/// [`crate::pop::PopState`]). A version-1 snapshot still restores (no typed topics, no POP state).
+pub const BROKER_STATE_FORMAT_VERSION: u32 = 2;
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
 /// How many producers are remembered (least recently used are forgotten first).
 pub const PRODUCERS_MAX: usize = 10_000;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A run of a queue's offsets stored by one entry. Never in snapshots (rebuilt by apply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Run {
     pub first_offset: u64,
     pub log_index: u64,
     pub count: u32,
+    /// [`pop::tag_hash`] of the tag every message of the run has, or [`TAGS_MIXED`] (then
+    /// `QueueState::mixed_tags` holds one hash per message).
+    pub tag_hash: u32,
+}
+
+/// The tag hash of a run and, when its messages' tags differ, each message's.
+fn run_tags(messages: &[BodyView]) -> (u32, Option<Box<[u32]>>) {
+    let first = messages.first().map_or("", |m| m.tag);
+    if messages.iter().all(|m| m.tag == first) {
+        (pop::tag_hash(first), None)
+    } else {
+        let each = messages.iter().map(|m| pop::tag_hash(m.tag)).collect();
+        (TAGS_MIXED, Some(each))
+    }
 }
 
 /// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
@@ -53,6 +73,10 @@ pub struct QueueState {
     /// replicated (to a peer that installed it), which rebuilds the runs.
     #[serde(skip)]
     pub runs: Vec<Run>,
+    /// Per-message tag hashes of the runs marked [`TAGS_MIXED`], by their first offset. Not in
+    /// snapshots, as `runs`.
+    #[serde(skip)]
+    pub mixed_tags: BTreeMap<u64, Box<[u32]>>,
 }
 
 impl QueueState {
@@ -65,6 +89,34 @@ impl QueueState {
             .get(i)
             .copied()
             .filter(|r| r.first_offset <= offset)
+    }
+
+    /// The tag hash of the message at `offset`, if it is still indexed.
+    pub fn tag_hash_at(&self, offset: u64) -> Option<u32> {
+        let r = self.find(offset)?;
+        if r.tag_hash != TAGS_MIXED {
+            return Some(r.tag_hash);
+        }
+        let each = self.mixed_tags.get(&r.first_offset)?;
+        each.get((offset - r.first_offset) as usize).copied()
+    }
+
+    /// Appends a run of `messages` stored by entry `index`; returns its first offset.
+    fn append(&mut self, index: u64, messages: &[BodyView]) -> u64 {
+        let count = messages.len() as u32;
+        let first = self.next_offset;
+        let (tag_hash, each) = run_tags(messages);
+        if let Some(each) = each {
+            self.mixed_tags.insert(first, each);
+        }
+        self.runs.push(Run {
+            first_offset: first,
+            log_index: index,
+            count,
+            tag_hash,
+        });
+        self.next_offset += count as u64;
+        first
     }
 }
 
@@ -95,6 +147,38 @@ pub struct BrokerState {
     pub messages_total: u64,
     /// Retention point: entries at or below it are dropped from the queues and purged from logs.
     pub trimmed_index: u64,
+    /// Topic → message type (`raftmq.v1.TopicMessageType` number); absent = NORMAL (0).
+    pub topic_types: BTreeMap<String, u32>,
+    /// POP consumer groups: config, deliveries in flight, dead letters waiting.
+    pub pop: PopState,
+}
+
+/// Version 1 of the snapshot: [`BrokerState`]'s first fields, as earlier builds wrote them.
+#[derive(Deserialize)]
+struct BrokerStateV1 {
+    topics: BTreeMap<String, TopicState>,
+    offsets: BTreeMap<(String, String, u32), u64>,
+    producers: HashMap<u64, ProducerWindow>,
+    last_applied: u64,
+    topic_version: u64,
+    messages_total: u64,
+    trimmed_index: u64,
+}
+
+impl From<BrokerStateV1> for BrokerState {
+    fn from(v: BrokerStateV1) -> BrokerState {
+        BrokerState {
+            topics: v.topics,
+            offsets: v.offsets,
+            producers: v.producers,
+            last_applied: v.last_applied,
+            topic_version: v.topic_version,
+            messages_total: v.messages_total,
+            trimmed_index: v.trimmed_index,
+            topic_types: BTreeMap::new(),
+            pop: PopState::default(),
+        }
+    }
 }
 
 impl BrokerState {
@@ -115,38 +199,20 @@ impl BrokerState {
                 name,
                 queues,
                 update,
-            } => {
-                if let Some(t) = self.topics.get_mut(&name) {
-                    let have = t.queues.len() as u32;
-                    if !update || queues == have {
-                        return if queues == have {
-                            Reply::Ok
-                        } else {
-                            Reply::TopicExists { queues: have }
-                        };
-                    }
-                    if queues < have {
-                        return Reply::Invalid(format!(
-                            "topic {name} has {have} queues; the queue count can only grow"
-                        ));
-                    }
-                    t.queues.resize(queues as usize, QueueState::default());
-                } else {
-                    self.topics.insert(
-                        name,
-                        TopicState {
-                            queues: vec![QueueState::default(); queues as usize],
-                        },
-                    );
-                }
-                self.topic_version += 1;
-                Reply::Ok
-            }
+            } => self.configure_topic(name, queues, update, None),
+            CommandView::ConfigureTopic {
+                name,
+                queues,
+                update,
+                message_type,
+            } => self.configure_topic(name, queues, update, Some(message_type)),
             CommandView::DeleteTopic { name } => {
                 if self.topics.remove(&name).is_none() {
                     return Reply::TopicNotFound(name);
                 }
                 self.offsets.retain(|(_, t, _), _| *t != name);
+                self.topic_types.remove(&name);
+                self.pop.drop_topic(&name);
                 self.topic_version += 1;
                 Reply::Ok
             }
@@ -178,13 +244,7 @@ impl BrokerState {
                     return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
                 };
                 let count = messages.len() as u32;
-                let first = q.next_offset;
-                q.runs.push(Run {
-                    first_offset: first,
-                    log_index: index,
-                    count,
-                });
-                q.next_offset += count as u64;
+                let first = q.append(index, &messages);
                 self.messages_total += count as u64;
                 if producer_id != 0 {
                     self.remember(producer_id, index, (sequence, queue, first, count, index));
@@ -206,6 +266,8 @@ impl BrokerState {
                     for q in &mut t.queues {
                         let keep = q.runs.partition_point(|r| r.log_index <= upto_log_index);
                         q.runs.drain(..keep);
+                        let first_kept = q.runs.first().map_or(q.next_offset, |r| r.first_offset);
+                        q.mixed_tags = q.mixed_tags.split_off(&first_kept);
                         let first = q
                             .runs
                             .first()
@@ -228,7 +290,185 @@ impl BrokerState {
                 self.offsets.insert((group, topic, queue), offset);
                 Reply::Ok
             }
+            CommandView::UpsertGroup {
+                name,
+                max_attempts,
+                retry_delays_ms,
+                fifo,
+                update,
+            } => {
+                let cfg = pop::GroupConfig {
+                    max_attempts,
+                    retry_delays_ms,
+                    fifo,
+                };
+                match self.pop.groups.get(&name) {
+                    Some(have) if !update && *have != cfg => Reply::GroupExists(name),
+                    _ => {
+                        self.pop.groups.insert(name, cfg);
+                        Reply::Ok
+                    }
+                }
+            }
+            CommandView::DeleteGroup { name } => {
+                if self.pop.drop_group(&name) {
+                    Reply::Ok
+                } else {
+                    Reply::GroupNotFound(name)
+                }
+            }
+            CommandView::Pop {
+                group,
+                topic,
+                now_ms,
+                invisible_ms,
+                create_group,
+                picks,
+                advance,
+            } => {
+                let Some(t) = self.topics.get(&topic) else {
+                    return Reply::TopicNotFound(topic);
+                };
+                let bounds = |q: u32| {
+                    t.queues
+                        .get(q as usize)
+                        .map(|q| (q.min_offset, q.next_offset))
+                };
+                self.pop.pop(
+                    index,
+                    &group,
+                    &topic,
+                    now_ms,
+                    invisible_ms,
+                    create_group,
+                    &picks,
+                    &advance,
+                    bounds,
+                )
+            }
+            CommandView::Ack {
+                group,
+                topic,
+                now_ms,
+                handles,
+            } => self.pop.ack(&group, &topic, now_ms, &handles),
+            CommandView::ChangeInvisible {
+                group,
+                topic,
+                queue,
+                offset,
+                issued,
+                invisible_ms,
+                now_ms,
+            } => self.pop.change_invisible(
+                index,
+                &group,
+                &topic,
+                queue,
+                offset,
+                issued,
+                invisible_ms,
+                now_ms,
+            ),
+            CommandView::DeadLetter {
+                group,
+                topic,
+                queue,
+                offset,
+                issued,
+                messages,
+                ..
+            } => {
+                if self
+                    .pop
+                    .claim_dead_letter(&group, &topic, queue, offset, issued)
+                    .is_none()
+                {
+                    return Reply::InvalidHandle(format!(
+                        "no message of group {group} at {topic} queue {queue} offset {offset} \
+                         waits for the dead-letter topic under this handle"
+                    ));
+                }
+                if messages.is_empty() {
+                    return Reply::Ok; // no longer readable: dropped
+                }
+                let dlq = pop::dlq_topic(&group);
+                if !self.topics.contains_key(&dlq) {
+                    self.topic_version += 1;
+                }
+                let t = self.topics.entry(dlq).or_insert_with(|| TopicState {
+                    queues: vec![QueueState::default()],
+                });
+                let Some(q) = t.queues.first_mut() else {
+                    return Reply::Invalid("the dead-letter topic has no queue".into());
+                };
+                let count = messages.len() as u32;
+                let first = q.append(index, &messages);
+                self.messages_total += count as u64;
+                self.pop.dead_lettered += count as u64;
+                Reply::Sent {
+                    queue: 0,
+                    first_offset: first,
+                    count,
+                    log_index: index,
+                    duplicate: false,
+                }
+            }
         }
+    }
+
+    /// `CreateTopic` (`message_type` None: an entry of an earlier build, which keeps a type set
+    /// before) and `ConfigureTopic`.
+    fn configure_topic(
+        &mut self,
+        name: String,
+        queues: u32,
+        update: bool,
+        message_type: Option<u32>,
+    ) -> Reply {
+        if let Some(t) = self.topics.get_mut(&name) {
+            let have = t.queues.len() as u32;
+            let have_type = self.topic_types.get(&name).copied().unwrap_or(0);
+            if let Some(want) = message_type
+                && want != have_type
+            {
+                return Reply::Invalid(format!(
+                    "topic {name} holds messages of type {}; its type cannot change to {}",
+                    type_name(have_type),
+                    type_name(want)
+                ));
+            }
+            if !update || queues == have {
+                return if queues == have {
+                    Reply::Ok
+                } else {
+                    Reply::TopicExists { queues: have }
+                };
+            }
+            if queues < have {
+                return Reply::Invalid(format!(
+                    "topic {name} has {have} queues; the queue count can only grow"
+                ));
+            }
+            t.queues.resize(queues as usize, QueueState::default());
+        } else {
+            if let Some(ty) = message_type.filter(|t| *t != 0) {
+                self.topic_types.insert(name.clone(), ty);
+            }
+            self.topics.insert(
+                name,
+                TopicState {
+                    queues: vec![QueueState::default(); queues as usize],
+                },
+            );
+        }
+        self.topic_version += 1;
+        Reply::Ok
+    }
+
+    /// The message type of a topic (`raftmq.v1.TopicMessageType` number).
+    pub fn topic_type(&self, topic: &str) -> u32 {
+        self.topic_types.get(topic).copied().unwrap_or(0)
     }
 
     fn remember(&mut self, producer_id: u64, index: u64, rec: (u64, u32, u64, u32, u64)) {
@@ -275,20 +515,38 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        postcard::to_stdvec(self).expect("state always encodes")
+        let body = postcard::to_stdvec(self).expect("state always encodes");
+        format::envelope(BROKER_STATE_FORMAT_VERSION, &body)
     }
 
     fn restore(&mut self, data: &[u8]) -> std::io::Result<()> {
-        let (_version, body) = format::versioned(
+        let (version, body) = format::versioned(
             || "the broker-state snapshot".to_string(),
             data,
             BROKER_STATE_FORMAT_VERSION,
         )?;
-        let mut s: BrokerState = postcard::from_bytes(body)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let bad = |e: postcard::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+        let mut s: BrokerState = if version == 1 {
+            postcard::from_bytes::<BrokerStateV1>(body)
+                .map_err(bad)?
+                .into()
+        } else {
+            postcard::from_bytes(body).map_err(bad)?
+        };
         s.topic_version += 1;
         *self = s;
         Ok(())
+    }
+}
+
+/// The name of a `raftmq.v1.TopicMessageType` number.
+pub fn type_name(t: u32) -> &'static str {
+    match t {
+        0 => "NORMAL",
+        1 => "FIFO",
+        2 => "DELAY",
+        3 => "TRANSACTION",
+        _ => "UNKNOWN",
     }
 }
 
@@ -369,7 +627,8 @@ mod tests {
             Some(Run {
                 first_offset: 3,
                 log_index: 3,
-                count: 2
+                count: 2,
+                tag_hash: pop::tag_hash("")
             })
         );
         assert_eq!(
@@ -377,7 +636,8 @@ mod tests {
             Some(Run {
                 first_offset: 0,
                 log_index: 2,
-                count: 3
+                count: 3,
+                tag_hash: pop::tag_hash("")
             })
         );
         assert_eq!(q.find(5), None);

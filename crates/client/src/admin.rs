@@ -180,6 +180,7 @@ impl Admin {
                 name: name.to_string(),
                 queues,
                 update: false,
+                message_type: v1::TopicMessageType::Normal as i32,
             };
             self.router
                 .call_leader(

@@ -84,6 +84,7 @@ async fn create_topic(c: &Cluster, name: &str) -> Result<(), String> {
                 name: name.into(),
                 queues: QUEUES,
                 update: false,
+                ..Default::default()
             })
             .await
         {

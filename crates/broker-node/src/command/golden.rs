@@ -80,6 +80,76 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "04c0c407",
         ),
+        (
+            Command::ConfigureTopic {
+                name: "orders".into(),
+                queues: 8,
+                update: false,
+                message_type: 1,
+            },
+            "05066f7264657273080001",
+        ),
+        (
+            Command::UpsertGroup {
+                name: "g1".into(),
+                max_attempts: 3,
+                retry_delays_ms: vec![1000, 5000],
+                fifo: true,
+                update: true,
+            },
+            "060267310302e80788270101",
+        ),
+        (Command::DeleteGroup { name: "g1".into() }, "07026731"),
+        (
+            Command::Pop {
+                group: "g1".into(),
+                topic: "orders".into(),
+                now_ms: 1_700_000_000_000,
+                invisible_ms: 30_000,
+                create_group: true,
+                picks: vec![(0, 5), (1, 7)],
+                advance: vec![(1, 9)],
+            },
+            "08026731066f726465727380d095ffbc31b0ea01010200050107010109",
+        ),
+        (
+            Command::Ack {
+                group: "g1".into(),
+                topic: "orders".into(),
+                now_ms: 1_700_000_000_001,
+                handles: vec![(1, 7, 42)],
+            },
+            "09026731066f726465727381d095ffbc310101072a",
+        ),
+        (
+            Command::ChangeInvisible {
+                group: "g1".into(),
+                topic: "orders".into(),
+                queue: 1,
+                offset: 7,
+                issued: 42,
+                invisible_ms: 10_000,
+                now_ms: 1_700_000_000_002,
+            },
+            "0a026731066f726465727301072a904e82d095ffbc31",
+        ),
+        (
+            Command::DeadLetter {
+                group: "g1".into(),
+                topic: "orders".into(),
+                queue: 1,
+                offset: 7,
+                issued: 0,
+                timestamp_ms: 1_700_000_000_003,
+                messages: vec![StoredBody {
+                    key: "k".into(),
+                    tag: "t".into(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![("a".into(), "b".into())],
+                }],
+            },
+            "0b026731066f726465727301070083d095ffbc3101016b017401780101610162",
+        ),
     ]
 }
 
@@ -103,6 +173,25 @@ fn replies() -> Vec<(Reply, &'static str)> {
             Reply::Invalid("no queue 9".into()),
             "040a6e6f2071756575652039",
         ),
+        (
+            Reply::Popped {
+                issued: 42,
+                delivered: vec![(1, 7, 2, 1_700_000_030_000)],
+                dead: vec![(0, 5)],
+            },
+            "052a01010702b0ba97ffbc31010005",
+        ),
+        (Reply::Acked(vec![true, false]), "06020100"),
+        (
+            Reply::Changed {
+                issued: 43,
+                invisible_until_ms: 1_700_000_010_002,
+            },
+            "072b929e96ffbc31",
+        ),
+        (Reply::InvalidHandle("h".into()), "080168"),
+        (Reply::GroupNotFound("g1".into()), "09026731"),
+        (Reply::GroupExists("g1".into()), "0a026731"),
     ]
 }
 
@@ -200,22 +289,72 @@ fn state() -> BrokerState {
 const STATE_GOLDEN: &str =
     "01066f7264657273020000000301026731066f72646572730102012a0201070100030204010301";
 
+/// Version 1, written bare by earlier builds: still restores (no typed topics, no POP state).
 #[test]
-fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
-    let snap = state().snapshot();
-    println!("state\n  {}", hex(&snap));
-    assert_eq!(hex(&snap), STATE_GOLDEN);
+fn a_version_1_broker_state_snapshot_still_restores() {
     let mut back = BrokerState::default();
     back.restore(&unhex(STATE_GOLDEN)).unwrap();
     // A restore counts as a topic change, so registration re-announces the topics.
     assert_eq!(back.topic_version, state().topic_version + 1);
     back.topic_version -= 1;
-    assert_eq!(back.snapshot(), snap);
+    assert_eq!(back.snapshot(), state().snapshot());
     assert_eq!(
         back.offsets.get(&("g1".into(), "orders".into(), 1)),
         Some(&2)
     );
     assert_eq!(back.queue("orders", 1).map(|q| q.next_offset), Some(3));
+    assert!(back.pop.groups.is_empty() && back.topic_types.is_empty());
+}
+
+/// [`state`] plus a FIFO topic, a consumer group and a message in flight: version 2's fields.
+fn state_v2() -> BrokerState {
+    let mut st = state();
+    for (i, cmd) in [
+        Command::ConfigureTopic {
+            name: "fifo".into(),
+            queues: 1,
+            update: false,
+            message_type: 1,
+        },
+        Command::UpsertGroup {
+            name: "g1".into(),
+            max_attempts: 3,
+            retry_delays_ms: vec![],
+            fifo: false,
+            update: false,
+        },
+        Command::Pop {
+            group: "g1".into(),
+            topic: "orders".into(),
+            now_ms: 1000,
+            invisible_ms: 500,
+            create_group: false,
+            picks: vec![(1, 0)],
+            advance: vec![(1, 1)],
+        },
+    ]
+    .iter()
+    .enumerate()
+    {
+        st.apply(5 + i as u64, 1, &cmd.encode());
+    }
+    st
+}
+
+const STATE_V2_GOLDEN: &str = "ffffffffffffffffffff0200000002046669666f010000066f7264657273020000000301026731066f72646572730102012a020107010003020702030101046669666f01e8070102673103000001026731066f726465727301010100dc0b01070000";
+
+#[test]
+fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
+    let snap = state_v2().snapshot();
+    println!("state\n  {}", hex(&snap));
+    assert_eq!(hex(&snap), STATE_V2_GOLDEN);
+    let mut back = BrokerState::default();
+    back.restore(&unhex(STATE_V2_GOLDEN)).unwrap();
+    back.topic_version -= 1;
+    assert_eq!(back.snapshot(), snap);
+    assert_eq!(back.topic_type("fifo"), 1);
+    let pq = &back.pop.queues[&("g1".into(), "orders".into(), 1)];
+    assert_eq!((pq.next, pq.inflight[&0].deadline_ms), (1, 1500));
 }
 
 #[test]
@@ -237,8 +376,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 5, which this broker-node does not know (command \
-         format version 1 has tags 0..5): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 12, which this broker-node does not know (command \
+         format version 1 has tags 0..12): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.
@@ -270,7 +409,7 @@ fn a_broker_state_snapshot_of_a_newer_format_is_refused() {
     assert_eq!(
         e.to_string(),
         "the broker-state snapshot was written by format version 3; this broker-node reads up to \
-         version 1: upgrade the binary"
+         version 2: upgrade the binary"
     );
     assert!(st.topics.is_empty());
 }

@@ -6,11 +6,14 @@ use std::time::Instant;
 
 use raftmq_proto::v1::broker_service_server::BrokerService;
 use raftmq_proto::v1::{
-    CommitOffsetRequest, CommitOffsetResponse, CreateTopicRequest, CreateTopicResponse,
+    ChangeInvisibleRequest, ChangeInvisibleResponse, CommitOffsetRequest, CommitOffsetResponse,
+    CreateGroupRequest, CreateGroupResponse, CreateTopicRequest, CreateTopicResponse,
+    DeadLetterRequest, DeadLetterResponse, DeleteGroupRequest, DeleteGroupResponse,
     DeleteTopicRequest, DeleteTopicResponse, FetchOffsetRequest, FetchOffsetResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListTopicsRequest,
-    ListTopicsResponse, NodeRef, NodeStatusRequest, NodeStatusResponse, PullRequest, PullResponse,
-    SendRequest, SendResponse, TopicConfig,
+    HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef, NodeStatusRequest,
+    NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest, PopResponse, PullRequest,
+    PullResponse, SendRequest, SendResponse, TopicConfig,
 };
 use tonic::{Request, Response, Status};
 
@@ -120,16 +123,18 @@ impl BrokerService for Broker {
             }
             self.require_leader()?;
             let (_, reply) = self
-                .propose(Command::CreateTopic {
+                .propose(Command::ConfigureTopic {
                     name: req.name.clone(),
                     queues: req.queues,
                     update: req.update,
+                    message_type: req.message_type as u32,
                 })
                 .await?;
             match reply {
                 Reply::Ok => Ok(TopicConfig {
                     name: req.name,
                     queues: req.queues,
+                    message_type: req.message_type,
                 }),
                 other => Err(Error::from_reply(&other).unwrap_or_else(|| {
                     Internal::UnexpectedReply {
@@ -176,7 +181,11 @@ impl BrokerService for Broker {
         let topics = st
             .topic_list()
             .into_iter()
-            .map(|(name, queues)| TopicConfig { name, queues })
+            .map(|(name, queues)| TopicConfig {
+                message_type: st.topic_type(&name) as i32,
+                name,
+                queues,
+            })
             .collect();
         Ok(Response::new(ListTopicsResponse {
             error: None,
@@ -231,5 +240,95 @@ impl BrokerService for Broker {
         }
         self.node.leave(&req.group, &req.consumer_id);
         Ok(Response::new(LeaveGroupResponse { error: None }))
+    }
+
+    async fn create_group(
+        &self,
+        req: Request<CreateGroupRequest>,
+    ) -> Result<Response<CreateGroupResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = match req.group {
+            Some(g) => self.upsert_group(g, req.update).await,
+            None => Err(Error::invalid("group is required")),
+        };
+        Ok(Response::new(match outcome {
+            Ok(g) => CreateGroupResponse {
+                error: None,
+                group: Some(g),
+            },
+            Err(err) => CreateGroupResponse {
+                error: Some(err.into()),
+                group: None,
+            },
+        }))
+    }
+
+    async fn delete_group(
+        &self,
+        req: Request<DeleteGroupRequest>,
+    ) -> Result<Response<DeleteGroupResponse>, Status> {
+        let outcome = self.delete_group(req.into_inner().name).await;
+        Ok(Response::new(DeleteGroupResponse {
+            error: reply_field(outcome),
+        }))
+    }
+
+    async fn list_groups(
+        &self,
+        _req: Request<ListGroupsRequest>,
+    ) -> Result<Response<ListGroupsResponse>, Status> {
+        Ok(Response::new(ListGroupsResponse {
+            error: None,
+            groups: self.group_list(),
+        }))
+    }
+
+    async fn pop(&self, req: Request<PopRequest>) -> Result<Response<PopResponse>, Status> {
+        let caller_timeout = grpc_timeout(req.metadata());
+        let reply = self
+            .pop_messages(req.into_inner(), caller_timeout)
+            .await
+            .unwrap_or_else(|err| PopResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            });
+        Ok(Response::new(reply))
+    }
+
+    async fn pop_ack(
+        &self,
+        req: Request<PopAckRequest>,
+    ) -> Result<Response<PopAckResponse>, Status> {
+        let reply = self
+            .pop_ack(req.into_inner())
+            .await
+            .unwrap_or_else(|err| PopAckResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            });
+        Ok(Response::new(reply))
+    }
+
+    async fn change_invisible(
+        &self,
+        req: Request<ChangeInvisibleRequest>,
+    ) -> Result<Response<ChangeInvisibleResponse>, Status> {
+        let reply = Broker::change_invisible(self, req.into_inner())
+            .await
+            .unwrap_or_else(|err| ChangeInvisibleResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            });
+        Ok(Response::new(reply))
+    }
+
+    async fn dead_letter(
+        &self,
+        req: Request<DeadLetterRequest>,
+    ) -> Result<Response<DeadLetterResponse>, Status> {
+        let outcome = self.dead_letter_now(req.into_inner()).await;
+        Ok(Response::new(DeadLetterResponse {
+            error: reply_field(outcome),
+        }))
     }
 }

@@ -4,6 +4,7 @@
 //! - [`send`]: the send path, and [`send::validate_send`], the pure check of a batch against the
 //!   limits.
 //! - [`reads`]: the pull path: messages read out of the log, and the read hint for the consumer.
+//! - [`pop`]: the POP path (receive, ack, invisibility, dead letters, consumer groups).
 //! - [`admin`]: the `AdminService` handlers (leadership transfer, membership changes).
 //! - [`status`]: the node status reply.
 //!
@@ -13,6 +14,7 @@
 
 mod admin;
 mod broker;
+mod pop;
 mod reads;
 pub mod send;
 mod status;
@@ -27,6 +29,7 @@ use crate::config::check_name;
 use crate::error::{Error, Internal, Refused, Result};
 use crate::node::Node;
 
+pub use pop::{spawn_dead_letter_mover, wall_ms};
 pub use send::validate_send;
 
 /// Serves both the broker and the admin service of one node.

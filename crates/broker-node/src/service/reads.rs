@@ -90,7 +90,7 @@ impl Broker {
 
     /// Reads up to `max` messages of a queue from `offset`, out of the log. Returns the messages and
     /// whether a needed entry was missing here (purged, or before a snapshot this node installed).
-    fn read_messages(
+    pub(super) fn read_messages(
         &self,
         topic: &str,
         queue: u32,
@@ -134,16 +134,12 @@ impl Broker {
                 return Ok((msgs, true));
             };
             // Bodies are served as slices of the entry read from the log: never copied here.
-            let Ok(CommandView::Send {
-                messages,
-                timestamp_ms,
-                ..
-            }) = CommandView::view(&data)
-            else {
+            let view = CommandView::view(&data);
+            let Some((messages, timestamp_ms)) = view.as_ref().ok().and_then(|v| v.stored()) else {
                 return Err(Error::from(Internal::NotASend { index: r.log_index }));
             };
             let skip = (o - r.first_offset) as usize;
-            for (i, m) in messages.into_iter().enumerate().skip(skip) {
+            for (i, m) in messages.iter().enumerate().skip(skip) {
                 if msgs.len() as u32 >= max {
                     break;
                 }

@@ -1,0 +1,533 @@
+//! The POP path (RocketMQ 5 receive / ack): the leader chooses what a receive hands out from the
+//! applied state and the consume-queue index (tag hashes, so a filter reads no body), proposes it
+//! as one `Pop` entry per receive, and answers with what apply granted. Acks, invisibility changes
+//! and dead letters are entries too. The replicated rules are in [`crate::pop`]; this file gathers
+//! inputs and reads messages.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use raftmq_proto::v1::{
+    ChangeInvisibleRequest, ChangeInvisibleResponse, DeadLetterRequest, GroupConfig as GroupProto,
+    PopAckRequest, PopAckResponse, PopAckResult, PopRequest, PopResponse, PoppedMessage,
+    StoredMessage,
+};
+use raftmq_raft_log::Role;
+
+use super::Broker;
+use crate::command::{Command, Reply, StoredBody};
+use crate::config::check_name;
+use crate::error::{Error, Internal, Refused, Result};
+use crate::node::Node;
+use crate::pop::{self, TagFilter, dlq_topic, format_handle, parse_handle};
+
+/// How many offsets past the cursor one receive looks at for messages matching its filter.
+const FILTER_SCAN_MAX: u64 = 65_536;
+/// A receive re-checks at least this often for deliveries whose deadline passed.
+const RECHECK: Duration = Duration::from_millis(200);
+/// Dead letters moved per round of the mover.
+const DEAD_LETTERS_PER_ROUND: usize = 64;
+
+static ROTATE: AtomicUsize = AtomicUsize::new(0);
+
+/// Milliseconds since the epoch by this node's clock: only ever stamped into an entry, which
+/// apply then orders by the replicated clock.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What one receive proposes.
+#[derive(Debug, Default, PartialEq)]
+struct Plan {
+    picks: Vec<(u32, u64)>,
+    advance: Vec<(u32, u64)>,
+    /// The earliest deadline among the group's deliveries in flight, to wake up for.
+    next_deadline: Option<u64>,
+}
+
+impl Plan {
+    fn is_empty(&self) -> bool {
+        self.picks.is_empty() && self.advance.is_empty()
+    }
+}
+
+fn check_group(group: &str) -> Result<()> {
+    check_name("group", group).map_err(Error::invalid)?;
+    check_name("the group's dead-letter topic", &dlq_topic(group)).map_err(Error::invalid)
+}
+
+fn handle(broker: &str, h: &str) -> Result<(u32, u64, u64)> {
+    parse_handle(broker, h).map_err(|reason| Refused::InvalidReceiptHandle { reason }.into())
+}
+
+impl Broker {
+    /// The leader's choice for a receive: deliveries past their deadline first, then new
+    /// messages that may match the filter, up to `max`.
+    fn plan_pop(
+        &self,
+        group: &str,
+        topic: &str,
+        queue: Option<u32>,
+        max: usize,
+        filter: &TagFilter,
+        now: u64,
+    ) -> Result<Plan> {
+        let st = self.node.state();
+        let Some(t) = st.topics.get(topic) else {
+            return Err(Refused::TopicNotFound {
+                topic: topic.to_string(),
+                broker: Some(self.node.cfg.broker.clone()),
+            }
+            .into());
+        };
+        let n = t.queues.len();
+        let queues: Vec<u32> = match queue {
+            Some(q) => vec![q],
+            None => {
+                let start = ROTATE.fetch_add(1, Ordering::Relaxed);
+                (0..n).map(|i| ((start + i) % n) as u32).collect()
+            }
+        };
+        let clock = now.max(st.pop.clock_ms);
+        let mut plan = Plan::default();
+        for q in queues {
+            let Some(qs) = t.queues.get(q as usize) else {
+                continue;
+            };
+            let pq = st
+                .pop
+                .queues
+                .get(&(group.to_string(), topic.to_string(), q));
+            if let Some(pq) = pq {
+                for (off, inf) in &pq.inflight {
+                    if inf.deadline_ms <= clock {
+                        if plan.picks.len() < max {
+                            plan.picks.push((q, *off));
+                        }
+                    } else {
+                        plan.next_deadline = Some(
+                            plan.next_deadline
+                                .map_or(inf.deadline_ms, |d| d.min(inf.deadline_ms)),
+                        );
+                    }
+                }
+            }
+            let next = pq.map_or(qs.min_offset, |p| p.next).max(qs.min_offset);
+            let mut o = next;
+            let end = qs.next_offset.min(next + FILTER_SCAN_MAX);
+            while o < end && plan.picks.len() < max {
+                // An offset this node no longer indexes cannot be read here either: skipped.
+                if qs.tag_hash_at(o).is_some_and(|h| filter.may_match(h)) {
+                    plan.picks.push((q, o));
+                }
+                o += 1;
+            }
+            if o > next {
+                plan.advance.push((q, o));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Answers a receive: waits (long poll) until something can be handed out, proposes one `Pop`
+    /// and returns the messages apply granted.
+    pub(super) async fn pop_messages(
+        &self,
+        req: PopRequest,
+        caller_timeout: Option<Duration>,
+    ) -> Result<PopResponse> {
+        check_group(&req.group)?;
+        check_name("topic", &req.topic).map_err(Error::invalid)?;
+        let filter = TagFilter::parse(&req.tag_expression).map_err(Error::invalid)?;
+        self.await_leader(caller_timeout).await?;
+        self.check_topic(&req.topic, req.queue.unwrap_or(0))?;
+        let rmq = &self.node.cfg.rocketmq;
+        let exists = self
+            .node
+            .state_value(|s| s.pop.groups.contains_key(&req.group));
+        if !exists && !rmq.auto_create_groups {
+            return Err(Refused::GroupNotFound { group: req.group }.into());
+        }
+        let max = req
+            .max_messages
+            .clamp(1, self.node.cfg.limits.pull_messages_max) as usize;
+        let mut wait = Duration::from_millis(req.max_wait_ms.min(rmq.receive_wait_ms_max) as u64);
+        if let Some(t) = caller_timeout {
+            // Answer before the caller gives up, with time for the reply to travel.
+            wait = wait.min(t.saturating_sub(Duration::from_millis(300)));
+        }
+        let deadline = Instant::now() + wait;
+        let mut watch = self.node.member.watch();
+        loop {
+            let now = wall_ms();
+            let plan = self.plan_pop(&req.group, &req.topic, req.queue, max, &filter, now)?;
+            if !plan.is_empty() {
+                let (_, reply) = self
+                    .propose(Command::Pop {
+                        group: req.group.clone(),
+                        topic: req.topic.clone(),
+                        now_ms: now,
+                        invisible_ms: req.invisible_ms,
+                        create_group: rmq.auto_create_groups,
+                        picks: plan.picks,
+                        advance: plan.advance,
+                    })
+                    .await?;
+                let Reply::Popped {
+                    issued,
+                    delivered,
+                    dead,
+                } = reply
+                else {
+                    return Err(unexpected(reply));
+                };
+                if !dead.is_empty() {
+                    self.node.dead_letters.notify_one();
+                }
+                let messages = self
+                    .deliver(&req.group, &req.topic, &filter, issued, delivered)
+                    .await?;
+                if !messages.is_empty() {
+                    return Ok(PopResponse {
+                        error: None,
+                        messages,
+                    });
+                }
+                continue; // what it found was taken by a racing receive or filtered out
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(PopResponse::default());
+            }
+            let until_due = plan
+                .next_deadline
+                .map(|d| Duration::from_millis(d.saturating_sub(now)))
+                .unwrap_or(RECHECK);
+            let nap = left.min(until_due.clamp(Duration::from_millis(5), RECHECK));
+            let _ = tokio::time::timeout(nap, watch.changed()).await;
+            self.require_leader()?;
+        }
+    }
+
+    /// Reads the granted messages; one whose tag only shared its hash with the filter's is
+    /// acknowledged at once instead of delivered.
+    async fn deliver(
+        &self,
+        group: &str,
+        topic: &str,
+        filter: &TagFilter,
+        issued: u64,
+        mut granted: Vec<(u32, u64, u32, u64)>,
+    ) -> Result<Vec<PoppedMessage>> {
+        granted.sort_unstable();
+        let broker = self.node.cfg.broker.clone();
+        let mut out = Vec::with_capacity(granted.len());
+        let mut collisions = Vec::new();
+        let mut i = 0;
+        while i < granted.len() {
+            // A run of consecutive offsets of one queue is read in one go.
+            let (q, first) = (granted[i].0, granted[i].1);
+            let mut j = i + 1;
+            while j < granted.len() && granted[j].0 == q && granted[j].1 == first + (j - i) as u64 {
+                j += 1;
+            }
+            let (msgs, _) = self.read_messages(topic, q, first, (j - i) as u32)?;
+            let by_offset: BTreeMap<u64, StoredMessage> =
+                msgs.into_iter().map(|m| (m.offset, m)).collect();
+            for &(q, off, attempt, until) in &granted[i..j] {
+                match by_offset.get(&off) {
+                    Some(m) if filter.matches(&m.tag) => out.push(PoppedMessage {
+                        message: Some(m.clone()),
+                        receipt_handle: format_handle(&broker, q, off, issued),
+                        delivery_attempt: attempt,
+                        invisible_until_ms: until,
+                    }),
+                    // A hash collision, or no longer readable here: never delivered to this group.
+                    _ => collisions.push((q, off, issued)),
+                }
+            }
+            i = j;
+        }
+        if !collisions.is_empty() {
+            self.propose(Command::Ack {
+                group: group.to_string(),
+                topic: topic.to_string(),
+                now_ms: wall_ms(),
+                handles: collisions,
+            })
+            .await?;
+        }
+        Ok(out)
+    }
+
+    /// Acknowledges deliveries: one result per handle, in order.
+    pub(super) async fn pop_ack(&self, req: PopAckRequest) -> Result<PopAckResponse> {
+        check_group(&req.group)?;
+        check_name("topic", &req.topic).map_err(Error::invalid)?;
+        self.require_leader()?;
+        let broker = &self.node.cfg.broker;
+        let parsed: Vec<Result<(u32, u64, u64)>> = req
+            .receipt_handles
+            .iter()
+            .map(|h| handle(broker, h))
+            .collect();
+        let handles: Vec<(u32, u64, u64)> = parsed.iter().filter_map(|p| p.clone().ok()).collect();
+        let mut acked = Vec::new().into_iter();
+        if !handles.is_empty() {
+            let (_, reply) = self
+                .propose(Command::Ack {
+                    group: req.group.clone(),
+                    topic: req.topic.clone(),
+                    now_ms: wall_ms(),
+                    handles,
+                })
+                .await?;
+            let Reply::Acked(a) = reply else {
+                return Err(unexpected(reply));
+            };
+            acked = a.into_iter();
+        }
+        let results = req
+            .receipt_handles
+            .into_iter()
+            .zip(parsed)
+            .map(|(h, p)| {
+                let error = match p {
+                    Err(e) => Some(e.into()),
+                    Ok((q, o, i)) if !acked.next().unwrap_or(false) => Some(
+                        Error::from(Refused::InvalidReceiptHandle {
+                            reason: format!(
+                                "no delivery of queue {q} offset {o} issued at {i} is in flight \
+                                 (acknowledged already, handed out again, or replaced)"
+                            ),
+                        })
+                        .into(),
+                    ),
+                    Ok(_) => None,
+                };
+                PopAckResult {
+                    receipt_handle: h,
+                    error,
+                }
+            })
+            .collect();
+        Ok(PopAckResponse {
+            error: None,
+            results,
+        })
+    }
+
+    pub(super) async fn change_invisible(
+        &self,
+        req: ChangeInvisibleRequest,
+    ) -> Result<ChangeInvisibleResponse> {
+        check_group(&req.group)?;
+        check_name("topic", &req.topic).map_err(Error::invalid)?;
+        let (queue, offset, issued) = handle(&self.node.cfg.broker, &req.receipt_handle)?;
+        self.require_leader()?;
+        let (_, reply) = self
+            .propose(Command::ChangeInvisible {
+                group: req.group,
+                topic: req.topic,
+                queue,
+                offset,
+                issued,
+                invisible_ms: req.invisible_ms,
+                now_ms: wall_ms(),
+            })
+            .await?;
+        match reply {
+            Reply::Changed {
+                issued,
+                invisible_until_ms,
+            } => Ok(ChangeInvisibleResponse {
+                error: None,
+                receipt_handle: format_handle(&self.node.cfg.broker, queue, offset, issued),
+                invisible_until_ms,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Moves a delivery to the dead-letter topic now (a push consumer out of attempts).
+    pub(super) async fn dead_letter_now(&self, req: DeadLetterRequest) -> Result<()> {
+        check_group(&req.group)?;
+        check_name("topic", &req.topic).map_err(Error::invalid)?;
+        let (queue, offset, issued) = handle(&self.node.cfg.broker, &req.receipt_handle)?;
+        self.require_leader()?;
+        let messages = self.dead_letter_body(&req.topic, queue, offset, None)?;
+        let (_, reply) = self
+            .propose(Command::DeadLetter {
+                group: req.group,
+                topic: req.topic,
+                queue,
+                offset,
+                issued,
+                timestamp_ms: wall_ms(),
+                messages,
+            })
+            .await?;
+        match Error::from_reply(&reply) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The message to store in a dead-letter topic: the original, with where it came from.
+    fn dead_letter_body(
+        &self,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        attempts: Option<u32>,
+    ) -> Result<Vec<StoredBody>> {
+        let (msgs, _) = self.read_messages(topic, queue, offset, 1)?;
+        Ok(msgs
+            .into_iter()
+            .filter(|m| m.offset == offset)
+            .map(|m| {
+                let mut properties: Vec<(String, String)> = m.properties.into_iter().collect();
+                properties.sort();
+                properties.push((
+                    "__rmq.dlq.origin".into(),
+                    format!("{topic}/{queue}/{offset}"),
+                ));
+                properties.push(("__rmq.dlq.origin_msg_id".into(), m.msg_id));
+                if let Some(a) = attempts {
+                    properties.push(("__rmq.dlq.attempts".into(), a.to_string()));
+                }
+                StoredBody {
+                    key: m.key,
+                    tag: m.tag,
+                    body: m.body,
+                    properties,
+                }
+            })
+            .collect())
+    }
+
+    /// One round of the dead-letter mover: stores messages out of attempts in their group's
+    /// dead-letter topic. Returns how many it proposed.
+    async fn move_dead_letters(&self) -> Result<usize> {
+        let waiting: Vec<((String, String, u32, u64), u32)> = self.node.state_value(|s| {
+            s.pop
+                .dead_letters
+                .iter()
+                .take(DEAD_LETTERS_PER_ROUND)
+                .map(|(k, v)| (k.clone(), *v))
+                .collect()
+        });
+        for ((group, topic, queue, offset), attempts) in &waiting {
+            let messages = self
+                .dead_letter_body(topic, *queue, *offset, Some(*attempts))
+                .unwrap_or_default();
+            self.propose(Command::DeadLetter {
+                group: group.clone(),
+                topic: topic.clone(),
+                queue: *queue,
+                offset: *offset,
+                issued: 0,
+                timestamp_ms: wall_ms(),
+                messages,
+            })
+            .await?;
+        }
+        Ok(waiting.len())
+    }
+
+    pub(super) fn group_list(&self) -> Vec<GroupProto> {
+        self.node.state_value(|s| {
+            s.pop
+                .groups
+                .iter()
+                .map(|(name, c)| GroupProto {
+                    name: name.clone(),
+                    max_attempts: c.max_attempts(),
+                    retry_delays_ms: c.retry_delays_ms.clone(),
+                    fifo: c.fifo,
+                })
+                .collect()
+        })
+    }
+
+    pub(super) async fn upsert_group(&self, g: GroupProto, update: bool) -> Result<GroupProto> {
+        check_group(&g.name)?;
+        if g.max_attempts > 1000 {
+            return Err(Error::invalid(format!(
+                "max_attempts must be 0 (the default, {}) to 1000, got {}",
+                pop::MAX_ATTEMPTS_DEFAULT,
+                g.max_attempts
+            )));
+        }
+        if let Some(bad) = g
+            .retry_delays_ms
+            .iter()
+            .find(|d| **d == 0 || **d > pop::INVISIBLE_MS_MAX)
+        {
+            return Err(Error::invalid(format!(
+                "retry delays must be 1 ms to {} ms, got {bad}",
+                pop::INVISIBLE_MS_MAX
+            )));
+        }
+        self.require_leader()?;
+        self.propose_for_error(Command::UpsertGroup {
+            name: g.name.clone(),
+            max_attempts: g.max_attempts,
+            retry_delays_ms: g.retry_delays_ms.clone(),
+            fifo: g.fifo,
+            update,
+        })
+        .await?;
+        Ok(self
+            .group_list()
+            .into_iter()
+            .find(|x| x.name == g.name)
+            .unwrap_or(g))
+    }
+
+    pub(super) async fn delete_group(&self, name: String) -> Result<()> {
+        check_group(&name)?;
+        self.require_leader()?;
+        self.propose_for_error(Command::DeleteGroup { name }).await
+    }
+}
+
+fn unexpected(reply: Reply) -> Error {
+    Error::from_reply(&reply).unwrap_or_else(|| {
+        Internal::UnexpectedReply {
+            reply: format!("{reply:?}"),
+        }
+        .into()
+    })
+}
+
+/// On the leader, moves messages out of attempts to their dead-letter topics: woken by a receive
+/// that found some, and every second in case a new leader inherited them.
+pub fn spawn_dead_letter_mover(node: Arc<Node>) {
+    tokio::spawn(async move {
+        let broker = Broker { node };
+        loop {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), broker.node.dead_letters.notified())
+                    .await;
+            if broker.node.member.status().role != Role::Leader {
+                continue;
+            }
+            loop {
+                match broker.move_dead_letters().await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("moving dead letters: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}

@@ -70,6 +70,10 @@ impl Routes {
                                 .insert(topic.to_string(), (Instant::now(), reply.clone()));
                             return Ok(reply);
                         }
+                        // A malformed topic name: every nameserver says the same.
+                        Some(e) if e.code == ErrorCode::InvalidArgument as i32 => {
+                            return Err(Error::Broker(e.clone()));
+                        }
                         Some(e) if e.code != ErrorCode::TopicNotFound as i32 => {
                             last_failure = Some(format!("nameserver {ns}: {e}"));
                         }

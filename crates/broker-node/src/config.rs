@@ -113,9 +113,8 @@ impl Default for Retention {
 #[serde(default, deny_unknown_fields)]
 pub struct RocketMq {
     /// A RocketMQ 5 client that names an unknown topic gets TOPIC_NOT_FOUND unless this is set
-    /// (then the topic is created with `auto_create_queues` queues, type NORMAL).
+    /// (then the topic is created with 8 queues, type NORMAL).
     pub auto_create_topics: bool,
-    pub auto_create_queues: u32,
     /// A receive for a consumer group that does not exist creates it with the defaults (16
     /// attempts, RocketMQ's retry ladder) unless this is false (then CONSUMER_GROUP_NOT_FOUND).
     pub auto_create_groups: bool,
@@ -127,7 +126,6 @@ impl Default for RocketMq {
     fn default() -> Self {
         RocketMq {
             auto_create_topics: false,
-            auto_create_queues: 8,
             auto_create_groups: true,
             receive_wait_ms_max: 20_000,
         }

@@ -15,7 +15,9 @@
 //! - [`node`]: the running node (member, load rates, consumer-group membership).
 //! - [`metrics`]: Prometheus metrics.
 //!
-//! Every service, the Raft peer service, gRPC health and reflection and `/metrics` share one port.
+//! Every service (raftmq.v1, the RocketMQ 5 front `apache.rocketmq.v2.MessagingService` from
+//! `raftmq-rocketmq-v2`), the Raft peer service, gRPC health and reflection and `/metrics` share
+//! one port.
 
 pub mod command;
 pub mod config;
@@ -88,12 +90,23 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let broker = service::Broker { node: node.clone() };
+    // The RocketMQ 5 front: a translation layer that calls this node's BrokerService in-process.
+    let mut front = raftmq_rocketmq_v2::FrontConfig::new(
+        node.cfg.broker.clone(),
+        node.cfg.node_id,
+        node.address.clone(),
+        node.cfg.nameserver_list(),
+    );
+    front.auto_create_topics = node.cfg.rocketmq.auto_create_topics;
+    front.body_bytes_max = node.cfg.limits.body_bytes_max as u64;
+    let rocketmq_v2 = raftmq_rocketmq_v2::service(Arc::new(broker.clone()), front);
     let router = Routes::new(
         BrokerServiceServer::new(broker.clone())
             .max_decoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX),
     )
     .add_service(AdminServiceServer::new(broker))
+    .add_service(rocketmq_v2)
     .add_service(peer_service)
     .add_service(health_service)
     .add_service(reflection)

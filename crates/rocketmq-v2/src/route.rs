@@ -1,9 +1,15 @@
 //! Topic routes: which broker groups host a topic (asked of the nameservers, cached briefly), and
 //! how a v1 route becomes the v2 `MessageQueue`s of QueryRoute and QueryAssignment.
 //!
-//! Each broker group is one v2 broker (`id` 0, the one clients write to) whose endpoints list
-//! every node of the group, leader first: a client may dial any of them, and the node it reaches
-//! forwards to the leader when it is not the leader itself.
+//! Each broker group is one v2 broker (`id` 0, the one clients write to), listed once per node of
+//! the group, leader first: every queue appears with each node's endpoints. A client rotating
+//! over the queues therefore spreads over every node and skips a dead one at its next attempt, and
+//! the node it reaches forwards to the leader when it is not the leader itself.
+//!
+//! Why not one broker whose endpoints list every node: the official Python client (grpcio) dials
+//! such endpoints as one channel `ipv4:a:p,b:p,c:p` and sends that whole list as the HTTP/2
+//! `:authority`, which is not a valid authority; the server's HTTP/2 layer resets every such
+//! stream (RST_STREAM PROTOCOL_ERROR) before any handler runs. One address per endpoints avoids it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -133,28 +139,20 @@ pub fn split_host_port(address: &str) -> Option<(String, i32)> {
     Some((host.to_string(), port as i32))
 }
 
-/// The v2 endpoints of a broker group: every node, leader first; the scheme IPv4 or IPv6 when
-/// every host is such an address, DOMAIN_NAME otherwise (never UNSPECIFIED: the Python client
-/// then dials an empty target).
-pub fn endpoints(group: &v1::BrokerRoute) -> pb::Endpoints {
-    let addresses: Vec<pb::Address> = node_addresses(group)
-        .iter()
-        .filter_map(|a| split_host_port(a))
-        .map(|(host, port)| pb::Address { host, port })
-        .collect();
-    let parsed: Vec<Option<IpAddr>> = addresses.iter().map(|a| a.host.parse().ok()).collect();
-    let scheme = if !parsed.is_empty() && parsed.iter().all(|ip| matches!(ip, Some(IpAddr::V4(_))))
-    {
-        AddressScheme::IPv4
-    } else if !parsed.is_empty() && parsed.iter().all(|ip| matches!(ip, Some(IpAddr::V6(_)))) {
-        AddressScheme::IPv6
-    } else {
-        AddressScheme::DomainName
+/// The v2 endpoints of one node address: the scheme IPv4 or IPv6 when the host is such an
+/// address, DOMAIN_NAME otherwise (never UNSPECIFIED: the Python client then dials an empty
+/// target). `None` for an address without a valid port.
+pub fn endpoints(address: &str) -> Option<pb::Endpoints> {
+    let (host, port) = split_host_port(address)?;
+    let scheme = match host.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => AddressScheme::IPv4,
+        Ok(IpAddr::V6(_)) => AddressScheme::IPv6,
+        Err(_) => AddressScheme::DomainName,
     };
-    pb::Endpoints {
+    Some(pb::Endpoints {
         scheme: scheme as i32,
-        addresses,
-    }
+        addresses: vec![pb::Address { host, port }],
+    })
 }
 
 /// The v2 message type a topic of `t` accepts.
@@ -167,32 +165,48 @@ pub fn message_type(t: TopicMessageType) -> MessageType {
     }
 }
 
-/// The v2 broker of a group.
-fn broker(group: &v1::BrokerRoute) -> pb::Broker {
+/// The v2 broker of a group, reached at one of its nodes.
+fn broker(group: &v1::BrokerRoute, endpoints: pb::Endpoints) -> pb::Broker {
     pb::Broker {
         name: group.name.clone(),
         id: 0,
-        endpoints: Some(endpoints(group)),
+        endpoints: Some(endpoints),
     }
+}
+
+/// The group's nodes as v2 endpoints, leader first.
+fn node_endpoints(group: &v1::BrokerRoute) -> Vec<pb::Endpoints> {
+    node_addresses(group)
+        .iter()
+        .filter_map(|a| endpoints(a))
+        .collect()
 }
 
 fn queue(
     topic: &pb::Resource,
     id: i32,
     group: &v1::BrokerRoute,
+    endpoints: &pb::Endpoints,
     t: TopicMessageType,
 ) -> pb::MessageQueue {
     pb::MessageQueue {
         topic: Some(topic.clone()),
         id,
         permission: Permission::ReadWrite as i32,
-        broker: Some(broker(group)),
+        broker: Some(broker(group, endpoints.clone())),
         accept_message_types: vec![message_type(t) as i32],
     }
 }
 
-/// QueryRoute's queues: one per queue of each group hosting the topic. `types` gives the topic's
-/// type on each group (by group name; absent = NORMAL).
+fn type_of(types: &HashMap<String, TopicMessageType>, group: &v1::BrokerRoute) -> TopicMessageType {
+    types
+        .get(&group.name)
+        .copied()
+        .unwrap_or(TopicMessageType::Normal)
+}
+
+/// QueryRoute's queues: each queue of each group hosting the topic, once per node of the group
+/// (leader first). `types` gives the topic's type on each group (by group name; absent = NORMAL).
 pub fn route_queues(
     topic: &pb::Resource,
     route: &v1::RouteResponse,
@@ -200,19 +214,18 @@ pub fn route_queues(
 ) -> Vec<pb::MessageQueue> {
     let mut out = Vec::new();
     for g in &route.brokers {
-        let t = types
-            .get(&g.name)
-            .copied()
-            .unwrap_or(TopicMessageType::Normal);
-        for id in 0..g.queues {
-            out.push(queue(topic, id as i32, g, t));
+        let t = type_of(types, g);
+        for e in node_endpoints(g) {
+            for id in 0..g.queues {
+                out.push(queue(topic, id as i32, g, &e, t));
+            }
         }
     }
     out
 }
 
-/// QueryAssignment's assignments: one queue with id -1 (any queue) per group for a plain group,
-/// one per queue for a FIFO group (so one consumer holds a queue and its order).
+/// QueryAssignment's assignments: one queue with id -1 (any queue) per node of each group for a
+/// plain group, one per queue and node for a FIFO group.
 pub fn assignments(
     topic: &pb::Resource,
     route: &v1::RouteResponse,
@@ -230,14 +243,11 @@ pub fn assignments(
     route
         .brokers
         .iter()
-        .map(|g| {
-            let t = types
-                .get(&g.name)
-                .copied()
-                .unwrap_or(TopicMessageType::Normal);
-            pb::Assignment {
-                message_queue: Some(queue(topic, -1, g, t)),
-            }
+        .flat_map(|g| {
+            let t = type_of(types, g);
+            node_endpoints(g).into_iter().map(move |e| pb::Assignment {
+                message_queue: Some(queue(topic, -1, g, &e, t)),
+            })
         })
         .collect()
 }
@@ -295,15 +305,18 @@ mod tests {
     }
 
     #[test]
-    fn t40_query_route_lists_every_queue_of_every_group() {
+    fn t40_query_route_lists_every_queue_of_every_group_at_every_node() {
         let types = HashMap::from([("broker-b".to_string(), TopicMessageType::Fifo)]);
         let qs = route_queues(&topic(), &route(), &types);
-        assert_eq!(qs.len(), 6);
+        assert_eq!(qs.len(), 3 * 4 + 2 * 2);
         let a: Vec<_> = qs
             .iter()
             .filter(|q| q.broker.as_ref().unwrap().name == "broker-a")
             .collect();
-        assert_eq!(a.iter().map(|q| q.id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(
+            a.iter().map(|q| q.id).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3]
+        );
         for q in &qs {
             assert_eq!(q.topic.as_ref(), Some(&topic()), "namespace echoed");
             assert_eq!(q.permission, Permission::ReadWrite as i32);
@@ -311,13 +324,16 @@ mod tests {
             assert_eq!(b.id, 0);
             let e = b.endpoints.as_ref().unwrap();
             assert_ne!(e.scheme, AddressScheme::Unspecified as i32);
+            assert_eq!(e.addresses.len(), 1, "one address: a valid :authority");
         }
-        let ea = a[0].broker.as_ref().unwrap().endpoints.as_ref().unwrap();
-        assert_eq!(ea.scheme, AddressScheme::IPv4 as i32);
-        let hosts: Vec<_> = ea
-            .addresses
+        let hosts: Vec<_> = a
             .iter()
-            .map(|a| (a.host.as_str(), a.port))
+            .step_by(4)
+            .map(|q| {
+                let e = q.broker.as_ref().unwrap().endpoints.as_ref().unwrap();
+                assert_eq!(e.scheme, AddressScheme::IPv4 as i32);
+                (e.addresses[0].host.as_str(), e.addresses[0].port)
+            })
             .collect();
         assert_eq!(
             hosts,
@@ -329,23 +345,36 @@ mod tests {
             "every node, leader first"
         );
         assert_eq!(a[0].accept_message_types, [MessageType::Normal as i32]);
-        let b = qs
+        let b: Vec<_> = qs
             .iter()
-            .find(|q| q.broker.as_ref().unwrap().name == "broker-b")
-            .unwrap();
-        assert_eq!(b.accept_message_types, [MessageType::Fifo as i32]);
-        let eb = b.broker.as_ref().unwrap().endpoints.as_ref().unwrap();
-        assert_eq!(eb.scheme, AddressScheme::DomainName as i32, "b1 is a name");
-        assert_eq!(eb.addresses.len(), 2);
+            .filter(|q| q.broker.as_ref().unwrap().name == "broker-b")
+            .collect();
+        assert_eq!(b[0].accept_message_types, [MessageType::Fifo as i32]);
+        let schemes: Vec<i32> = b
+            .iter()
+            .map(|q| {
+                q.broker
+                    .as_ref()
+                    .unwrap()
+                    .endpoints
+                    .as_ref()
+                    .unwrap()
+                    .scheme
+            })
+            .collect();
+        assert!(
+            schemes.contains(&(AddressScheme::DomainName as i32)),
+            "b1 is a name"
+        );
     }
 
     #[test]
-    fn t41_assignments_one_per_group_or_per_queue_when_fifo() {
+    fn t41_assignments_one_per_group_and_node_or_per_queue_when_fifo() {
         let types = HashMap::new();
         let a = assignments(&topic(), &route(), &types, false);
-        assert_eq!(a.len(), 2);
+        assert_eq!(a.len(), 3 + 2);
         assert!(a.iter().all(|x| x.message_queue.as_ref().unwrap().id == -1));
-        assert_eq!(assignments(&topic(), &route(), &types, true).len(), 6);
+        assert_eq!(assignments(&topic(), &route(), &types, true).len(), 16);
     }
 
     #[test]
@@ -356,9 +385,11 @@ mod tests {
         assert_eq!(split_host_port("h"), None);
         assert_eq!(split_host_port(":5"), None);
         assert_eq!(split_host_port("h:99999"), None);
-        let mut r = route().brokers.remove(0);
-        r.nodes = vec![node(1, "[::1]:1")];
-        assert_eq!(endpoints(&r).scheme, AddressScheme::IPv6 as i32);
+        assert_eq!(
+            endpoints("[::1]:1").map(|e| e.scheme),
+            Some(AddressScheme::IPv6 as i32)
+        );
+        assert_eq!(endpoints("nope"), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The command line, as DESIGN.md's "Command line" contract states it. Parsing only.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use raftmq_proto::v1::TopicMessageType;
 
 use crate::commands::bench::ProduceShape;
 
@@ -33,6 +34,9 @@ pub enum Command {
     /// Create, list, route and delete topics.
     #[command(subcommand)]
     Topic(TopicCmd),
+    /// Create, update, list and delete POP consumer groups.
+    #[command(subcommand)]
+    Group(GroupCmd),
     /// Send messages: `--count N --size BYTES` generated ones, or one per line of standard input.
     Produce(ProduceArgs),
     /// Read messages as a member of a consumer group.
@@ -87,6 +91,9 @@ pub enum TopicCmd {
         /// Broker groups to host it, comma-separated (default: all).
         #[arg(long, value_delimiter = ',')]
         brokers: Option<Vec<String>>,
+        /// The kind of messages it takes; fixed once created.
+        #[arg(long = "type", value_enum, default_value_t = TopicType::Normal)]
+        message_type: TopicType,
     },
     /// Every topic the nameservers know.
     List,
@@ -94,6 +101,92 @@ pub enum TopicCmd {
     Route { name: String },
     /// Delete a topic from every broker group hosting it.
     Delete { name: String },
+}
+
+/// `topic create --type`: raftmq.v1's `TopicMessageType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TopicType {
+    Normal,
+    Fifo,
+    Delay,
+    Transaction,
+}
+
+impl TopicType {
+    pub fn message_type(self) -> TopicMessageType {
+        match self {
+            TopicType::Normal => TopicMessageType::Normal,
+            TopicType::Fifo => TopicMessageType::Fifo,
+            TopicType::Delay => TopicMessageType::Delay,
+            TopicType::Transaction => TopicMessageType::Transaction,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GroupCmd {
+    /// Create a POP consumer group on every broker group (or those named).
+    Create {
+        name: String,
+        #[command(flatten)]
+        config: GroupArgs,
+    },
+    /// Replace a consumer group's config (flags left out return to their defaults).
+    Update {
+        name: String,
+        #[command(flatten)]
+        config: GroupArgs,
+    },
+    /// Every consumer group of every broker group, with its config.
+    List,
+    /// Delete a consumer group from every broker group holding it.
+    Delete { name: String },
+}
+
+/// The config flags of `group create|update`.
+#[derive(Debug, Args)]
+pub struct GroupArgs {
+    /// Deliveries of a message before it moves to the dead-letter topic `%DLQ%<group>`
+    /// (default 16).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+    /// Invisible time before each retry, comma-separated, the last one repeating
+    /// (e.g. `1s,5s,30s`; units ms, s, m, h). Default: 1s 5s 10s 30s 1m 2m ... 2h.
+    #[arg(long, value_delimiter = ',', value_parser = parse_duration_ms, value_name = "DELAYS")]
+    pub retry: Option<Vec<u64>>,
+    /// Deliver the messages of one message group in order.
+    #[arg(long)]
+    pub fifo: bool,
+    /// Broker groups to apply it on, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub brokers: Option<Vec<String>>,
+}
+
+/// A duration like `500ms`, `1s`, `2m` or `1h`, in milliseconds. Clap names the value in its
+/// error, so the message does not repeat it.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => {
+            return Err(
+                "expected a whole number and a unit: ms, s, m or h (like 500ms, 1s, 2m, 1h)".into(),
+            );
+        }
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| "expected a whole number before the unit (like 500ms, 1s, 2m, 1h)")?;
+    match n.checked_mul(unit_ms) {
+        Some(0) => Err("a retry delay must be longer than 0".into()),
+        Some(ms) => Ok(ms),
+        None => Err("too long".into()),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -347,11 +440,28 @@ mod tests {
                 name,
                 queues,
                 brokers,
+                message_type,
             }) => {
                 assert_eq!((name.as_str(), queues), ("t", 4));
                 assert_eq!(brokers.unwrap_or_default(), vec!["broker-a", "broker-b"]);
+                assert_eq!(message_type, TopicType::Normal);
             }
             other => panic!("{other:?}"),
+        }
+        for (word, want) in [
+            ("normal", TopicMessageType::Normal),
+            ("fifo", TopicMessageType::Fifo),
+            ("delay", TopicMessageType::Delay),
+            ("transaction", TopicMessageType::Transaction),
+        ] {
+            match parse(&["topic", "create", "t", "--type", word]).command {
+                Command::Topic(TopicCmd::Create {
+                    message_type,
+                    queues: 8,
+                    ..
+                }) => assert_eq!(message_type.message_type(), want),
+                other => panic!("{other:?}"),
+            }
         }
         assert!(matches!(
             parse(&["topic", "list"]).command,
@@ -453,6 +563,95 @@ mod tests {
     }
 
     #[test]
+    fn group_commands_parse() {
+        let c = parse(&[
+            "group",
+            "create",
+            "g1",
+            "--max-attempts",
+            "3",
+            "--retry",
+            "500ms,1s,2m,1h",
+            "--fifo",
+            "--brokers",
+            "broker-a,broker-b",
+            "--json",
+        ]);
+        assert!(c.json);
+        match c.command {
+            Command::Group(GroupCmd::Create { name, config }) => {
+                assert_eq!(name, "g1");
+                assert_eq!(config.max_attempts, Some(3));
+                assert_eq!(config.retry, Some(vec![500, 1_000, 120_000, 3_600_000]));
+                assert!(config.fifo);
+                assert_eq!(
+                    config.brokers.unwrap_or_default(),
+                    vec!["broker-a", "broker-b"]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(&["group", "create", "g1"]).command {
+            Command::Group(GroupCmd::Create { config, .. }) => {
+                assert_eq!(
+                    (
+                        config.max_attempts,
+                        config.retry,
+                        config.fifo,
+                        config.brokers
+                    ),
+                    (None, None, false, None)
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["group", "update", "g1", "--max-attempts", "5"]).command,
+            Command::Group(GroupCmd::Update { ref name, ref config })
+                if name == "g1" && config.max_attempts == Some(5)
+        ));
+        assert!(matches!(
+            parse(&["group", "list", "--json"]).command,
+            Command::Group(GroupCmd::List)
+        ));
+        assert!(matches!(
+            parse(&["group", "delete", "g1"]).command,
+            Command::Group(GroupCmd::Delete { ref name }) if name == "g1"
+        ));
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("1s"), Ok(1_000));
+        assert_eq!(parse_duration_ms("2m"), Ok(120_000));
+        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        for bad in [
+            "",
+            "5",
+            "s",
+            "1.5s",
+            "-1s",
+            "1d",
+            "1 s",
+            "0s",
+            "99999999999999999h",
+        ] {
+            assert!(parse_duration_ms(bad).is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn a_bad_retry_delay_is_named_once() {
+        let e = Cli::try_parse_from(["raftmq", "group", "create", "g", "--retry", "1s,5x"])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("5x").count(), 1, "{e}");
+        assert!(e.contains("--retry"), "{e}");
+        assert!(!e.contains("1s,5x"), "{e}");
+    }
+
+    #[test]
     fn bad_arguments_are_refused() {
         let bad: &[&[&str]] = &[
             &["consume", "--topic", "t"],
@@ -464,6 +663,11 @@ mod tests {
             ],
             &["produce", "--topic", "t", "--size", "10"],
             &["topic", "create"],
+            &["topic", "create", "t", "--type", "batch"],
+            &["group", "create"],
+            &["group", "create", "g", "--max-attempts", "0"],
+            &["group", "create", "g", "--retry", "10"],
+            &["group", "delete"],
         ];
         for args in bad {
             assert!(

@@ -42,6 +42,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             commands::cluster::status(ns, json, watch).await
         }
         Command::Topic(cmd) => commands::topic::run(ns, json, cmd).await,
+        Command::Group(cmd) => commands::group::run(ns, json, cmd).await,
         Command::Produce(a) => commands::produce::run(ns, json, a).await,
         Command::Consume(a) => commands::consume::run(ns, json, a).await,
         Command::Leader(cmd) => commands::admin_ops::leader(ns, json, cmd).await,

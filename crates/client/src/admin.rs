@@ -1,8 +1,11 @@
-//! Administration: topics, live cluster status, leadership transfer, membership.
+//! Administration: topics, POP consumer groups, live cluster status, leadership transfer,
+//! membership.
 //!
-//! Topic changes go to the leader of each broker group (with the router's leader following);
-//! brokers register topics with the nameservers themselves, so [`Admin::create_topic`] waits until
-//! the route shows every target group. [`Admin::cluster_status`] takes the node list from a
+//! Topic and group changes go to the leader of each broker group (with the router's leader
+//! following); brokers register topics with the nameservers themselves, so
+//! [`Admin::create_topic`] waits until the route shows every target group. Consumer groups are
+//! replicated configuration of each broker group and are not registered with the nameservers:
+//! [`Admin::list_groups`] asks every broker group. [`Admin::cluster_status`] takes the node list from a
 //! nameserver and then asks every node directly, so the numbers are live and a node that does not
 //! answer shows as down.
 
@@ -13,12 +16,37 @@ use std::time::Duration;
 use raftmq_proto::v1::admin_service_client::AdminServiceClient;
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::{self, ErrorCode};
+pub use raftmq_proto::v1::{GroupConfig, TopicMessageType};
 use tokio::time::Instant;
 
 use crate::conn::{each_attempt, request};
 use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::router::{Reply, RetryPolicy, Router};
+
+/// Deliveries of a message before it is dead-lettered when a group's `max_attempts` is 0.
+pub const MAX_ATTEMPTS_DEFAULT: u32 = 16;
+
+/// How long [`Admin::list_topics`] waits for the broker groups' answers on topic types before it
+/// lists the topics it has with their type unknown.
+const TOPIC_TYPES_WAIT: Duration = Duration::from_secs(3);
+
+// The group replies carry an `Error` like every other reply the router's retry loop reads.
+impl Reply for v1::CreateGroupResponse {
+    fn error(&self) -> Option<&v1::Error> {
+        self.error.as_ref()
+    }
+}
+impl Reply for v1::DeleteGroupResponse {
+    fn error(&self) -> Option<&v1::Error> {
+        self.error.as_ref()
+    }
+}
+impl Reply for v1::ListGroupsResponse {
+    fn error(&self) -> Option<&v1::Error> {
+        self.error.as_ref()
+    }
+}
 
 /// Longest topic or group name (the contract's, `raftmq_proto::limits`).
 pub use raftmq_proto::limits::NAME_LEN_MAX as NAME_CHARS_MAX;
@@ -36,6 +64,34 @@ pub struct TopicInfo {
     pub name: String,
     /// (broker group, queues), sorted by group.
     pub brokers: Vec<(String, u32)>,
+    /// The topic's message type, as the first hosting broker group (by name) that answered
+    /// reports it; `None` when none answered.
+    pub message_type: Option<TopicMessageType>,
+}
+
+/// A POP consumer group and the broker groups holding it with this config.
+///
+/// A group whose config differs between broker groups (created or updated on some of them only)
+/// is listed once per distinct config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupInfo {
+    pub name: String,
+    /// As the broker groups report it (`max_attempts` resolved; empty `retry_delays_ms`: the
+    /// default ladder).
+    pub config: GroupConfig,
+    /// Sorted.
+    pub brokers: Vec<String>,
+}
+
+/// The lowercase name of a topic message type, as the command line spells it: `normal`, `fifo`,
+/// `delay`, `transaction`.
+pub fn message_type_name(t: TopicMessageType) -> &'static str {
+    match t {
+        TopicMessageType::Normal => "normal",
+        TopicMessageType::Fifo => "fifo",
+        TopicMessageType::Delay => "delay",
+        TopicMessageType::Transaction => "transaction",
+    }
 }
 
 /// The live state of one node; `status` is `None` when it did not answer.
@@ -143,13 +199,27 @@ impl Admin {
         Ok(names.into_iter().collect())
     }
 
-    /// Creates `name` with `queues` queues on `brokers` (default: every known broker group), then
-    /// waits until the nameservers route it to all of them. Returns the groups it was created on.
+    /// Creates the NORMAL topic `name` with `queues` queues on `brokers` (default: every known
+    /// broker group), then waits until the nameservers route it to all of them. Returns the groups
+    /// it was created on.
     pub async fn create_topic(
         &self,
         name: &str,
         queues: u32,
         brokers: Option<&[String]>,
+    ) -> Result<Vec<String>> {
+        self.create_topic_typed(name, queues, brokers, TopicMessageType::Normal)
+            .await
+    }
+
+    /// [`Self::create_topic`] for a topic of `message_type`. The type is fixed at creation: a
+    /// broker group already holding the topic with another type refuses with `INVALID_ARGUMENT`.
+    pub async fn create_topic_typed(
+        &self,
+        name: &str,
+        queues: u32,
+        brokers: Option<&[String]>,
+        message_type: TopicMessageType,
     ) -> Result<Vec<String>> {
         check_name("topic", name)?;
         if queues == 0 || queues > QUEUES_MAX {
@@ -157,30 +227,14 @@ impl Admin {
                 "a topic has 1 to {QUEUES_MAX} queues, not {queues}"
             )));
         }
-        let known = self.broker_names().await?;
-        let targets: Vec<String> = match brokers {
-            None => known.clone(),
-            Some(list) => {
-                for b in list {
-                    if !known.contains(b) {
-                        return Err(Error::UnknownBroker { broker: b.clone() });
-                    }
-                }
-                list.to_vec()
-            }
-        };
-        if targets.is_empty() {
-            return Err(Error::InvalidArgument(
-                "no broker group is registered with the nameservers".into(),
-            ));
-        }
+        let targets = target_brokers(&self.broker_names().await?, brokers)?;
         let deadline = self.deadline();
         for broker in &targets {
             let req = v1::CreateTopicRequest {
                 name: name.to_string(),
                 queues,
                 update: false,
-                message_type: v1::TopicMessageType::Normal as i32,
+                message_type: message_type as i32,
             };
             self.router
                 .call_leader(
@@ -224,7 +278,8 @@ impl Admin {
         }
     }
 
-    /// Every topic the nameservers know, sorted by name.
+    /// Every topic the nameservers know, sorted by name, with its message type from the broker
+    /// groups hosting it (unknown when none of them answered within a few seconds).
     pub async fn list_topics(&self) -> Result<Vec<TopicInfo>> {
         let info = self.router.cluster_info().await?;
         let mut topics: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
@@ -238,13 +293,32 @@ impl Admin {
                 }
             }
         }
-        Ok(topics
-            .into_iter()
-            .map(|(name, brokers)| TopicInfo {
-                name,
-                brokers: brokers.into_iter().collect(),
-            })
-            .collect())
+        let hosting: BTreeSet<&String> = topics.values().flat_map(|b| b.keys()).collect();
+        let deadline = Instant::now() + self.timeout.min(TOPIC_TYPES_WAIT);
+        let answers = futures::future::join_all(hosting.into_iter().map(|broker| async move {
+            let req = v1::ListTopicsRequest {};
+            let r = self
+                .router
+                .call_leader(
+                    broker,
+                    "ListTopics",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).list_topics(r).await
+                    }),
+                )
+                .await;
+            match r {
+                Ok((reply, _)) => Some((broker.clone(), reply.topics)),
+                Err(e) => {
+                    tracing::warn!("topic types of broker group {broker} unknown: {e}");
+                    None
+                }
+            }
+        }))
+        .await;
+        let types: BTreeMap<String, Vec<v1::TopicConfig>> = answers.into_iter().flatten().collect();
+        Ok(topic_infos(topics, &types))
     }
 
     /// The topic's route as the nameservers give it to clients.
@@ -282,6 +356,104 @@ impl Admin {
             }
         }
         Ok(done)
+    }
+
+    /// Creates the POP consumer group `cfg.name` on `brokers` (default: every known broker
+    /// group); with `update`, replaces the config of a group that exists. Without it, a group that
+    /// exists with another config is refused (`GROUP_EXISTS`). Returns the groups it was applied
+    /// on.
+    pub async fn create_group(
+        &self,
+        cfg: &GroupConfig,
+        update: bool,
+        brokers: Option<&[String]>,
+    ) -> Result<Vec<String>> {
+        check_name("group", &cfg.name)?;
+        if let Some(i) = cfg.retry_delays_ms.iter().position(|d| *d == 0) {
+            return Err(Error::InvalidArgument(format!(
+                "retry delay {} of group {} is 0; a delay is at least 1 ms",
+                i + 1,
+                cfg.name
+            )));
+        }
+        let targets = target_brokers(&self.broker_names().await?, brokers)?;
+        let deadline = self.deadline();
+        let req = v1::CreateGroupRequest {
+            group: Some(cfg.clone()),
+            update,
+        };
+        for broker in &targets {
+            self.router
+                .call_leader(
+                    broker,
+                    "CreateGroup",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).create_group(r).await
+                    }),
+                )
+                .await?;
+        }
+        Ok(targets)
+    }
+
+    /// Deletes the consumer group `name` from every broker group holding it. Returns those groups;
+    /// [`Error::GroupNotFound`] when none does.
+    pub async fn delete_group(&self, name: &str) -> Result<Vec<String>> {
+        check_name("group", name)?;
+        let deadline = self.deadline();
+        let req = v1::DeleteGroupRequest {
+            name: name.to_string(),
+        };
+        let mut done = Vec::new();
+        for broker in self.broker_names().await? {
+            let r = self
+                .router
+                .call_leader(
+                    &broker,
+                    "DeleteGroup",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).delete_group(r).await
+                    }),
+                )
+                .await;
+            match r {
+                Ok(_) => done.push(broker),
+                Err(e) if e.code() == Some(ErrorCode::GroupNotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if done.is_empty() {
+            return Err(Error::GroupNotFound {
+                group: name.to_string(),
+            });
+        }
+        Ok(done)
+    }
+
+    /// Every consumer group of every broker group, sorted by name, asked of each group's leader.
+    /// Fails when a broker group does not answer, as its groups would be missing.
+    pub async fn list_groups(&self) -> Result<Vec<GroupInfo>> {
+        let brokers = self.broker_names().await?;
+        let deadline = self.deadline();
+        let answers = futures::future::join_all(brokers.iter().map(|broker| async move {
+            let req = v1::ListGroupsRequest {};
+            self.router
+                .call_leader(
+                    broker,
+                    "ListGroups",
+                    deadline,
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).list_groups(r).await
+                    }),
+                )
+                .await
+                .map(|(reply, _)| (broker.clone(), reply.groups))
+        }))
+        .await;
+        let per_broker = answers.into_iter().collect::<Result<Vec<_>>>()?;
+        Ok(group_infos(per_broker))
     }
 
     /// The live status of one node.
@@ -471,6 +643,79 @@ impl Admin {
     }
 }
 
+/// The broker groups an operation applies to: the ones named (each must be known), else every
+/// known one.
+fn target_brokers(known: &[String], named: Option<&[String]>) -> Result<Vec<String>> {
+    let targets: Vec<String> = match named {
+        None => known.to_vec(),
+        Some(list) => {
+            if let Some(b) = list.iter().find(|b| !known.contains(b)) {
+                return Err(Error::UnknownBroker { broker: b.clone() });
+            }
+            let mut seen = BTreeSet::new();
+            list.iter()
+                .filter(|b| seen.insert(b.as_str()))
+                .cloned()
+                .collect()
+        }
+    };
+    if targets.is_empty() {
+        return Err(Error::InvalidArgument(
+            "no broker group is registered with the nameservers".into(),
+        ));
+    }
+    Ok(targets)
+}
+
+/// Joins the nameservers' topics (topic → broker group → queues) with the topic lists the broker
+/// groups gave (broker group → topics): the type comes from the first group, by name, that
+/// reports the topic.
+fn topic_infos(
+    topics: BTreeMap<String, BTreeMap<String, u32>>,
+    types: &BTreeMap<String, Vec<v1::TopicConfig>>,
+) -> Vec<TopicInfo> {
+    topics
+        .into_iter()
+        .map(|(name, brokers)| {
+            let message_type = brokers
+                .keys()
+                .filter_map(|b| types.get(b))
+                .find_map(|list| list.iter().find(|t| t.name == name))
+                .and_then(|t| TopicMessageType::try_from(t.message_type).ok());
+            TopicInfo {
+                name,
+                brokers: brokers.into_iter().collect(),
+                message_type,
+            }
+        })
+        .collect()
+}
+
+/// Merges the group lists of the broker groups: one entry per group name and distinct config,
+/// sorted by name, with the broker groups holding it sorted.
+fn group_infos(per_broker: Vec<(String, Vec<GroupConfig>)>) -> Vec<GroupInfo> {
+    let mut by_name: BTreeMap<String, Vec<GroupInfo>> = BTreeMap::new();
+    for (broker, groups) in per_broker {
+        for config in groups {
+            let same = by_name.entry(config.name.clone()).or_default();
+            match same.iter_mut().find(|g| g.config == config) {
+                Some(g) => g.brokers.push(broker.clone()),
+                None => same.push(GroupInfo {
+                    name: config.name.clone(),
+                    config,
+                    brokers: vec![broker.clone()],
+                }),
+            }
+        }
+    }
+    let mut out: Vec<GroupInfo> = by_name.into_values().flatten().collect();
+    for g in &mut out {
+        g.brokers.sort();
+        g.brokers.dedup();
+    }
+    out
+}
+
 /// Voters named by a leader's status: its voting peers plus itself.
 pub fn voters_of(s: &v1::NodeStatusResponse) -> Vec<u64> {
     let mut v: BTreeSet<u64> = s
@@ -599,5 +844,129 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(voters_of(&s), vec![1, 2]);
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn targets_are_every_known_group_or_the_named_ones() {
+        let known = names(&["broker-a", "broker-b"]);
+        assert_eq!(target_brokers(&known, None).unwrap(), known);
+        let named = names(&["broker-b", "broker-b"]);
+        assert_eq!(
+            target_brokers(&known, Some(&named)).unwrap(),
+            names(&["broker-b"])
+        );
+        let e = target_brokers(&known, Some(&names(&["broker-a", "broker-x"]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "broker group \"broker-x\" is not known to the nameservers"
+        );
+        assert!(matches!(
+            target_brokers(&[], None),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    fn topic(name: &str, t: TopicMessageType) -> v1::TopicConfig {
+        v1::TopicConfig {
+            name: name.into(),
+            queues: 4,
+            message_type: t as i32,
+        }
+    }
+
+    #[test]
+    fn topic_types_come_from_the_groups_that_answered() {
+        let mut topics: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
+        topics
+            .entry("orders".into())
+            .or_default()
+            .extend([("broker-a".to_string(), 4), ("broker-b".to_string(), 4)]);
+        topics
+            .entry("plain".into())
+            .or_default()
+            .insert("broker-a".into(), 8);
+        topics
+            .entry("far".into())
+            .or_default()
+            .insert("broker-c".into(), 2);
+        // broker-a did not answer; broker-c answered without the topic (its list was behind).
+        let types = BTreeMap::from([
+            (
+                "broker-b".to_string(),
+                vec![
+                    topic("orders", TopicMessageType::Fifo),
+                    topic("plain", TopicMessageType::Delay),
+                ],
+            ),
+            ("broker-c".to_string(), vec![]),
+        ]);
+        let got = topic_infos(topics, &types);
+        assert_eq!(
+            got.iter()
+                .map(|t| (t.name.as_str(), t.message_type))
+                .collect::<Vec<_>>(),
+            vec![
+                ("far", None),
+                ("orders", Some(TopicMessageType::Fifo)),
+                ("plain", None),
+            ]
+        );
+        assert_eq!(
+            got[1].brokers,
+            vec![("broker-a".to_string(), 4), ("broker-b".to_string(), 4)]
+        );
+        assert_eq!(
+            message_type_name(TopicMessageType::Transaction),
+            "transaction"
+        );
+    }
+
+    fn group(name: &str, max_attempts: u32, retry: &[u64]) -> GroupConfig {
+        GroupConfig {
+            name: name.into(),
+            max_attempts,
+            retry_delays_ms: retry.to_vec(),
+            fifo: false,
+        }
+    }
+
+    #[test]
+    fn groups_merge_by_name_and_config() {
+        let got = group_infos(vec![
+            (
+                "broker-a".into(),
+                vec![group("g2", 16, &[]), group("g1", 3, &[1000])],
+            ),
+            (
+                "broker-b".into(),
+                vec![group("g1", 3, &[1000]), group("g2", 5, &[])],
+            ),
+            ("broker-c".into(), vec![group("g1", 3, &[1000])]),
+        ]);
+        assert_eq!(
+            got,
+            vec![
+                GroupInfo {
+                    name: "g1".into(),
+                    config: group("g1", 3, &[1000]),
+                    brokers: names(&["broker-a", "broker-b", "broker-c"]),
+                },
+                GroupInfo {
+                    name: "g2".into(),
+                    config: group("g2", 16, &[]),
+                    brokers: names(&["broker-a"]),
+                },
+                GroupInfo {
+                    name: "g2".into(),
+                    config: group("g2", 5, &[]),
+                    brokers: names(&["broker-b"]),
+                },
+            ]
+        );
+        assert!(group_infos(vec![("broker-a".into(), vec![])]).is_empty());
     }
 }

@@ -29,6 +29,10 @@ pub enum Error {
     #[error("topic {topic:?} not found on any nameserver")]
     TopicNotFound { topic: String },
 
+    /// No broker group holds this consumer group.
+    #[error("consumer group {group:?} not found on any broker group")]
+    GroupNotFound { group: String },
+
     /// The nameserver view does not contain this broker group.
     #[error("broker group {broker:?} is not known to the nameservers")]
     UnknownBroker { broker: String },
@@ -74,6 +78,7 @@ impl Error {
         match self {
             Error::Server { code, .. } => Some(*code),
             Error::TopicNotFound { .. } => Some(ErrorCode::TopicNotFound),
+            Error::GroupNotFound { .. } => Some(ErrorCode::GroupNotFound),
             _ => None,
         }
     }
@@ -92,6 +97,9 @@ impl Error {
             },
             Error::TopicNotFound { topic } => Error::TopicNotFound {
                 topic: topic.clone(),
+            },
+            Error::GroupNotFound { group } => Error::GroupNotFound {
+                group: group.clone(),
             },
             Error::UnknownBroker { broker } => Error::UnknownBroker {
                 broker: broker.clone(),

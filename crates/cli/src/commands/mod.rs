@@ -6,6 +6,7 @@ pub mod catchup;
 pub mod cluster;
 pub mod consume;
 pub mod demo;
+pub mod group;
 pub mod playground;
 pub mod produce;
 pub mod topic;

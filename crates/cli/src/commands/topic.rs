@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use raftmq_client::Admin;
+use raftmq_client::admin::message_type_name;
 use serde_json::json;
 
 use crate::args::TopicCmd;
@@ -14,18 +15,21 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
             name,
             queues,
             brokers,
+            message_type,
         } => {
+            let ty = message_type.message_type();
             let on = admin
-                .create_topic(&name, queues, brokers.as_deref())
+                .create_topic_typed(&name, queues, brokers.as_deref(), ty)
                 .await?;
+            let ty = message_type_name(ty);
             if json {
                 println!(
                     "{}",
-                    json_line(&json!({"topic": name, "queues": queues, "brokers": on}))
+                    json_line(&json!({"topic": name, "type": ty, "queues": queues, "brokers": on}))
                 );
             } else {
                 println!(
-                    "created topic {name} with {queues} queues on {}",
+                    "created {ty} topic {name} with {queues} queues on {}",
                     on.join(", ")
                 );
             }
@@ -38,6 +42,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
                     .map(|t| {
                         json!({
                             "name": t.name,
+                            "type": t.message_type.map(message_type_name),
                             "brokers": t.brokers.iter()
                                 .map(|(b, q)| json!({"name": b, "queues": q}))
                                 .collect::<Vec<_>>(),
@@ -49,12 +54,13 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
                 let rows: Vec<Vec<String>> = topics
                     .iter()
                     .flat_map(|t| {
-                        t.brokers
-                            .iter()
-                            .map(|(b, q)| vec![t.name.clone(), b.clone(), q.to_string()])
+                        let ty = t.message_type.map_or("-", message_type_name);
+                        t.brokers.iter().map(move |(b, q)| {
+                            vec![t.name.clone(), ty.to_string(), b.clone(), q.to_string()]
+                        })
                     })
                     .collect();
-                print!("{}", table(&["TOPIC", "BROKER", "QUEUES"], &rows));
+                print!("{}", table(&["TOPIC", "TYPE", "BROKER", "QUEUES"], &rows));
             }
         }
         TopicCmd::Route { name } => {

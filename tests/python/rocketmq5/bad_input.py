@@ -7,7 +7,8 @@ the client's own generated stub, `raw_*`, to show the server's answer):
   fetch; the route's status is in `raw_unknown_topic_route`);
 - empty_body: a message with an empty body (the client refuses it; `raw_empty_body` sends one);
 - body_too_large: a body of --body-limit + 1 bytes (`raw_body_too_large` sends one);
-- fifo_on_normal_topic: a message with message_group set (a FIFO message) to a NORMAL topic;
+- fifo_on_normal_topic: a message with message_group set (a FIFO message) to a NORMAL topic
+  (`raw_fifo_on_normal_topic` sends one);
 - stale_receipt_handle: ack of a message, then ack again with the same handle;
 - sql92_filter: a SimpleConsumer whose subscription is a SQL92 expression receives.
 
@@ -61,8 +62,9 @@ class Raw:
         return self.stub(self.cfg.rpc_endpoints).QueryRoute(
             req, metadata=self.metadata(), timeout=self.timeout)
 
-    def send(self, topic, body):
-        """One SendMessage of `body` to the broker endpoints of the topic's first route queue."""
+    def send(self, topic, body, message_group=None):
+        """One SendMessage of `body` to the broker endpoints of the topic's first route queue; a
+        FIFO message when `message_group` is given."""
         route = self.query_route(topic)
         if not route.message_queues:
             raise RuntimeError(f"route of {topic} has no queues: status {route.status}")
@@ -73,6 +75,9 @@ class Raw:
         m.body = body
         m.system_properties.message_id = MessageIdCodec().next_message_id()
         m.system_properties.message_type = MessageType.NORMAL
+        if message_group:
+            m.system_properties.message_type = MessageType.FIFO
+            m.system_properties.message_group = message_group
         m.system_properties.born_timestamp.seconds = int(time.time())
         m.system_properties.born_host = Misc.get_local_ip()
         m.system_properties.body_encoding = Encoding.IDENTITY
@@ -137,6 +142,8 @@ def main():
             m.message_group = "group-1"
             return producer.send(m).message_id
         cases["fifo_on_normal_topic"] = attempt(fifo)
+        cases["raw_fifo_on_normal_topic"] = raw_case(
+            lambda: raw.send(args.topic, b"fifo on a normal topic", message_group="group-1"))
 
         # Stale receipt handle: a message acked twice.
         stale = {}

@@ -125,10 +125,16 @@ def received_json(m, at=None):
 
 def error_json(e, where):
     """An exception as data: its class, its text, its code (ClientException) if any."""
+    code = getattr(e, "code", None)
+    if callable(code):  # a grpc error: its status code
+        try:
+            code = str(code())
+        except Exception:  # noqa: BLE001
+            code = None
     return {
         "where": where,
         "type": type(e).__name__,
-        "code": getattr(e, "code", None),
+        "code": code,
         "text": str(e),
     }
 

@@ -15,14 +15,32 @@
 
 use std::time::Duration;
 
-use raftmq_tests::history::{FaultKind, FaultPlan, ScenarioCfg, run_scenario};
+use raftmq_tests::history::{FaultKind, FaultPlan, PopCfg, ScenarioCfg, run_scenario};
 
 /// The scenarios share two cores: run them one at a time so election timing stays realistic.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn run(seed: u64, plan: FaultPlan) {
+    run_cfg(seed, plan, None).await;
+}
+
+/// As [`run`], with the POP consumers of `raftmq_tests::history::pop` beside the producers.
+async fn run_pop(seed: u64, plan: FaultPlan) {
+    let report = run_cfg(seed, plan, Some(PopCfg::default())).await;
+    let pop = report
+        .pop
+        .as_ref()
+        .expect("a POP round reports its consumers");
+    assert!(
+        pop.acked > 0 && pop.redelivered > 0,
+        "the POP consumers acknowledged nothing or nothing came back:\n{report}"
+    );
+}
+
+async fn run_cfg(seed: u64, plan: FaultPlan, pop: Option<PopCfg>) -> raftmq_tests::history::Report {
     let _serial = SERIAL.lock().await;
     let mut cfg = ScenarioCfg::new(seed, plan);
+    cfg.pop = pop;
     cfg.acks_between = 30;
     cfg.calm = Duration::from_secs(3);
     cfg.max_duration = Duration::from_secs(90);
@@ -33,6 +51,7 @@ async fn run(seed: u64, plan: FaultPlan) {
     eprintln!("{report}");
     assert!(report.acked_ops > 0, "nothing was acknowledged:\n{report}");
     assert!(report.is_ok(), "history check failed:\n{report}");
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -126,6 +145,27 @@ async fn t36_partitions_lose_nothing() {
             FaultKind::PartitionFollower,
             FaultKind::PartitionPartial,
             FaultKind::PartitionOneWay,
+            FaultKind::PartitionLeader,
+        ]),
+    )
+    .await;
+}
+
+/// POP consumption (receive, ack, change invisibility, dead letters) is replicated state: three
+/// POP consumers of group `pop-hist` (3 attempts, 1-3 s invisible) receive the producers' messages
+/// while the leader is killed, a follower is killed, the leader paused, every node loses power and
+/// the leader is cut off by a partition. After healing and a drain, nothing acknowledged comes
+/// back, nothing stored is lost (every message is acknowledged or dead-lettered once, after its
+/// last attempt), attempts never go backwards and nothing is handed out before its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t37_pop_consumers_lose_nothing_under_faults() {
+    run_pop(
+        37,
+        FaultPlan::Fixed(vec![
+            FaultKind::KillLeader,
+            FaultKind::KillFollower,
+            FaultKind::PauseLeader,
+            FaultKind::PowerLossAll,
             FaultKind::PartitionLeader,
         ]),
     )

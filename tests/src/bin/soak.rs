@@ -18,13 +18,20 @@
 //! many follower faults raised the group's term.
 //!
 //!     target/debug/soak --duration-secs 240 --seed 7 --large-log-mb 1024 --faults-per-round 3
+//!
+//! POP mode (`--pop`): each round also runs three POP consumers of group `pop-hist` (3 attempts,
+//! 1-3 s invisible) on the workload's topic under the same faults, drains them after the heal and
+//! reads `%DLQ%pop-hist`; the POP counters (see `raftmq_tests::history::pop`) must all be zero.
+//!
+//!     target/debug/soak --duration-secs 300 --seed 1501 --pop
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use raftmq_tests::history::{
-    FaultEvent, FaultKind, FaultPlan, LargeLogCfg, Report, ScenarioCfg, run_round,
+    FaultEvent, FaultKind, FaultPlan, LargeLogCfg, PopCfg, PopReport, Report, ScenarioCfg,
+    run_round,
 };
 
 #[derive(Parser, Debug)]
@@ -56,6 +63,16 @@ struct Args {
     /// Large-log mode: concurrent fill producers (one 128 KiB send in flight each).
     #[arg(long, default_value_t = 8)]
     fill_producers: u64,
+    /// POP mode: beside the producers, POP consumers of group `pop-hist` (3 attempts, 1-3 s
+    /// invisible) receive the workload's topic and ack, change invisibility or let messages
+    /// expire; after the heal they drain it and `%DLQ%pop-hist` is read. Fails a round on a
+    /// message redelivered after an OK ack, lost, never settled, an attempt going backwards or
+    /// handed out early, or a dead letter duplicated, early, corrupt or acknowledged before.
+    #[arg(long)]
+    pop: bool,
+    /// POP mode: concurrent POP consumers.
+    #[arg(long, default_value_t = 3)]
+    pop_consumers: u64,
 }
 
 /// Per fault kind.
@@ -105,6 +122,9 @@ struct Totals {
     fill_problems: u64,
     fill_not_identical: u64,
     fill_read_max: Duration,
+    /// POP mode: rounds checked, and the sum of their POP reports (longest drain and settle).
+    pops: u64,
+    pop: PopReport,
 }
 
 /// Fault kinds named in a comma-separated list; exits on an unknown name.
@@ -182,6 +202,12 @@ fn main() {
         cfg.workload.producers = args.producers;
         cfg.max_duration = left.min(Duration::from_secs(300));
         cfg.large_log = large_log.clone();
+        if args.pop {
+            cfg.pop = Some(PopCfg {
+                consumers: args.pop_consumers.max(1),
+                ..PopCfg::default()
+            });
+        }
         eprintln!(
             "round {round} seed {seed} ({:.0}s left)",
             left.as_secs_f64()
@@ -217,7 +243,7 @@ fn main() {
             let f = report.fill.as_ref().map(|f| &f.check);
             let n = |get: fn(&Report) -> u64| get(&report) + f.map(get).unwrap_or(0);
             tot.failures.push(format!(
-                "seed {seed}: lost {} unexpected {} divergent {} missing {} order {} duplicates {}{}",
+                "seed {seed}: lost {} unexpected {} divergent {} missing {} order {} duplicates {}{}{}",
                 n(|r| r.lost),
                 n(|r| r.unexpected),
                 n(|r| r.divergent),
@@ -227,6 +253,10 @@ fn main() {
                 match &report.fill {
                     Some(fr) if !fr.sums_identical => " (fill not identical on every node)",
                     _ => "",
+                },
+                match &report.pop {
+                    Some(p) if !p.is_ok() => format!(" (pop: {})", pop_problem_text(p)),
+                    _ => String::new(),
                 }
             ));
         }
@@ -265,6 +295,72 @@ fn problems(r: &Report) -> u64 {
         + r.duplicates
         + r.offsets_backwards
         + r.read_errors
+        + r.pop.as_ref().map_or(0, |p| p.problems())
+}
+
+/// The POP problem counters that are not zero.
+fn pop_problem_text(p: &PopReport) -> String {
+    pop_problem_rows(p)
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Every POP problem counter, named as in the summary.
+fn pop_problem_rows(p: &PopReport) -> [(&'static str, u64); 12] {
+    [
+        ("pop: redelivered after an OK ack", p.redelivered_after_ack),
+        ("pop: lost (never received, not dead-lettered)", p.lost),
+        (
+            "pop: unsettled (never acked, not dead-lettered)",
+            p.unsettled,
+        ),
+        ("pop: attempt backwards", p.attempt_backwards),
+        ("pop: attempt out of range", p.attempt_out_of_range),
+        ("pop: redelivered before its deadline", p.redelivered_early),
+        ("pop: dead-letter duplicates", p.dlq_duplicates),
+        ("pop: dead-lettered early", p.dlq_early),
+        ("pop: dead letter corrupt", p.dlq_corrupt),
+        ("pop: acked, then dead-lettered", p.acked_then_dlq),
+        ("pop: drain timeouts", p.drain_timeouts),
+        ("pop: dead-letter read errors", p.dlq_errors),
+    ]
+}
+
+/// Adds one round's POP report to the totals.
+fn add_pop(t: &mut PopReport, p: &PopReport) {
+    t.calls += p.calls;
+    t.calls_unknown += p.calls_unknown;
+    t.received += p.received;
+    t.messages += p.messages;
+    t.stored += p.stored;
+    t.redelivered += p.redelivered;
+    t.ignored += p.ignored;
+    t.acked += p.acked;
+    t.ack_invalid += p.ack_invalid;
+    t.ack_not_applied += p.ack_not_applied;
+    t.ack_unknown += p.ack_unknown;
+    t.changed += p.changed;
+    t.change_stale += p.change_stale;
+    t.change_unknown += p.change_unknown;
+    t.dead_lettered += p.dead_lettered;
+    t.drain_received += p.drain_received;
+    t.drain_took = t.drain_took.max(p.drain_took);
+    t.dlq_waited = t.dlq_waited.max(p.dlq_waited);
+    t.redelivered_after_ack += p.redelivered_after_ack;
+    t.lost += p.lost;
+    t.unsettled += p.unsettled;
+    t.attempt_backwards += p.attempt_backwards;
+    t.attempt_out_of_range += p.attempt_out_of_range;
+    t.redelivered_early += p.redelivered_early;
+    t.dlq_duplicates += p.dlq_duplicates;
+    t.dlq_early += p.dlq_early;
+    t.dlq_corrupt += p.dlq_corrupt;
+    t.acked_then_dlq += p.acked_then_dlq;
+    t.drain_timeouts += p.drain_timeouts;
+    t.dlq_errors += p.dlq_errors;
 }
 
 /// Catch-up and term figures of one fault.
@@ -304,6 +400,10 @@ fn add_report(tot: &mut Totals, report: &Report) {
     tot.offsets_backwards += report.offsets_backwards;
     tot.offset_commits += report.offset_commits;
     tot.read_errors += report.read_errors;
+    if let Some(p) = &report.pop {
+        tot.pops += 1;
+        add_pop(&mut tot.pop, p);
+    }
 }
 
 /// "p50 / max (n)" of catch-up times, with the timeouts.
@@ -358,6 +458,36 @@ fn print_summary(t: &Totals, elapsed: Duration, seed: u64, large_log: Option<&La
         ("read errors", t.read_errors),
     ] {
         println!("| {k} | {v} |");
+    }
+    if t.pops > 0 {
+        let p = &t.pop;
+        for (k, v) in [
+            ("pop: rounds checked", t.pops),
+            ("pop: receives", p.calls),
+            ("pop: receives of unknown outcome", p.calls_unknown),
+            ("pop: deliveries received", p.received),
+            ("pop: distinct messages received", p.messages),
+            ("pop: messages stored", p.stored),
+            ("pop: acks answered OK", p.acked),
+            ("pop: acks answered INVALID", p.ack_invalid),
+            ("pop: acks of unknown outcome", p.ack_unknown),
+            ("pop: acks never applied", p.ack_not_applied),
+            ("pop: deliveries left to expire", p.ignored),
+            ("pop: expired and redelivered (attempt > 1)", p.redelivered),
+            ("pop: invisibility changed (OK)", p.changed),
+            ("pop: dead-lettered", p.dead_lettered),
+            ("pop: received by the drains", p.drain_received),
+        ] {
+            println!("| {k} | {v} |");
+        }
+        println!(
+            "| pop: longest drain, longest dead-letter settle | {:.1} s, {:.1} s |",
+            p.drain_took.as_secs_f64(),
+            p.dlq_waited.as_secs_f64()
+        );
+        for (k, v) in pop_problem_rows(p) {
+            println!("| {k} | {v} |");
+        }
     }
     let (known, rose) = t
         .faults

@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::report::{FaultLiveness, Report, body_str, op_context};
+use super::pop::{Answer, Delivery, Fate, PopCallOutcome, PopKey};
+use super::report::{FaultLiveness, PopReport, Report, body_str, op_context, pop_context};
 use super::workload::NodeRead;
 use super::{History, MsgId, Op, Outcome, QUEUES, decode, encode, lock};
 
@@ -279,6 +280,323 @@ pub fn check(hist: &History, reads: &BTreeMap<u64, NodeRead>, seed: u64) -> Repo
     r
 }
 
+/// Checks the POP workload's history ([`History::pop`]: the consumers' calls, the drain and the
+/// dead-letter topic) against what the nodes hold of the topic, and sets [`Report::pop`]; its
+/// excerpts join the report's. A pure function of the recorded data.
+///
+/// Every rule uses only what replies prove: a receive whose reply arrived was applied before it;
+/// one that started after another's reply was applied after it; a receive, ack or change whose
+/// outcome is unknown may or may not have applied, and no rule depends on it.
+pub fn check_pop(hist: &History, reads: &BTreeMap<u64, NodeRead>, r: &mut Report) {
+    let p = lock(&hist.pop).clone();
+    let faults = lock(&hist.faults).clone();
+    let max = p.max_attempts;
+    let mut pr = PopReport::default();
+    let ctx = |key: PopKey| pop_context(&p, &faults, key);
+
+    // What the group had to consume: every (queue, offset) any node holds (all stored before the
+    // drain: the load had stopped and the group converged).
+    let mut stored: BTreeMap<PopKey, &Vec<u8>> = BTreeMap::new();
+    for nr in reads.values() {
+        for (q, msgs) in &nr.queues {
+            for (off, body) in msgs {
+                stored.entry((*q, *off)).or_insert(body);
+            }
+        }
+    }
+    pr.stored = stored.len() as u64;
+
+    let mut by_key: BTreeMap<PopKey, Vec<&Delivery>> = BTreeMap::new();
+    for d in &p.deliveries {
+        by_key.entry(d.key).or_default().push(d);
+    }
+    for v in by_key.values_mut() {
+        v.sort_by_key(|d| (d.start, d.attempt));
+    }
+    pr.calls = p.calls.len() as u64;
+    let any_unknown_pop = p
+        .calls
+        .iter()
+        .any(|c| matches!(c.outcome, PopCallOutcome::Unknown(_)));
+    pr.calls_unknown = p
+        .calls
+        .iter()
+        .filter(|c| matches!(c.outcome, PopCallOutcome::Unknown(_)))
+        .count() as u64;
+    pr.received = p.deliveries.len() as u64;
+    pr.messages = by_key.len() as u64;
+    pr.redelivered = p.deliveries.iter().filter(|d| d.attempt > 1).count() as u64;
+    pr.ignored = p
+        .deliveries
+        .iter()
+        .filter(|d| d.fate == Fate::Ignore)
+        .count() as u64;
+    for a in &p.acks {
+        match a.answer {
+            Answer::Ok => pr.acked += 1,
+            Answer::Invalid(_) => pr.ack_invalid += 1,
+            Answer::NotApplied(_) => pr.ack_not_applied += 1,
+            Answer::Unknown(_) => pr.ack_unknown += 1,
+        }
+    }
+    for c in &p.changes {
+        match c.answer {
+            Answer::Ok => pr.changed += 1,
+            Answer::Invalid(_) | Answer::NotApplied(_) => pr.change_stale += 1,
+            Answer::Unknown(_) => pr.change_unknown += 1,
+        }
+    }
+    if let Some(d) = &p.drain {
+        pr.drain_received = d.received;
+        pr.drain_took = d.took;
+        if d.timed_out {
+            pr.drain_timeouts += 1;
+            r.excerpt(format!(
+                "POP DRAIN TIMED OUT after {:.1}s: messages were still coming or deadlines \
+                 pending (the lost and unsettled counts may include messages not yet drained)",
+                d.took.as_secs_f64()
+            ));
+        }
+    }
+    let empty = Default::default();
+    let dlq = p.dlq.as_ref().unwrap_or(&empty);
+    pr.dlq_waited = dlq.waited;
+    for e in &dlq.errors {
+        pr.dlq_errors += 1;
+        r.excerpt(format!("POP DLQ READ ERROR: {e}"));
+    }
+
+    // Acknowledged, then received again: by a receive that started after the ack's OK arrived,
+    // or with a later attempt (an ack applies only to the current delivery, and a message acked
+    // is never handed out again, so a later attempt was handed out after the ack).
+    let ok_acks: BTreeMap<PopKey, Vec<_>> =
+        p.acks
+            .iter()
+            .filter(|a| a.answer == Answer::Ok)
+            .fold(BTreeMap::new(), |mut m, a| {
+                m.entry(a.key).or_insert_with(Vec::new).push(a);
+                m
+            });
+    for (key, acks) in &ok_acks {
+        let flagged = by_key.get(key).map_or(0, |ds| {
+            ds.iter()
+                .filter(|d| {
+                    acks.iter()
+                        .any(|a| d.attempt > a.attempt || d.start > a.end)
+                })
+                .count()
+        });
+        if flagged > 0 {
+            pr.redelivered_after_ack += flagged as u64;
+            r.excerpt(format!(
+                "POP REDELIVERED AFTER ACK q{}@{}: acknowledged (OK), received again {flagged} \
+                 time(s)\n{}",
+                key.0,
+                key.1,
+                ctx(*key)
+            ));
+        }
+    }
+
+    // Attempts: within 1..=max; never the same attempt twice; never lower or equal after a
+    // delivery whose reply had arrived before the receive started.
+    for (key, ds) in &by_key {
+        for d in ds {
+            if d.attempt == 0 || d.attempt > max {
+                pr.attempt_out_of_range += 1;
+                r.excerpt(format!(
+                    "POP ATTEMPT OUT OF RANGE q{}@{}: attempt {} (max_attempts {max})\n{}",
+                    key.0,
+                    key.1,
+                    d.attempt,
+                    ctx(*key)
+                ));
+            }
+        }
+        let mut bad = 0;
+        for (j, dj) in ds.iter().enumerate() {
+            if ds[..j].iter().any(|di| {
+                di.attempt == dj.attempt || (dj.start > di.end && dj.attempt < di.attempt)
+            }) {
+                bad += 1;
+            }
+        }
+        if bad > 0 {
+            pr.attempt_backwards += bad;
+            let seen: Vec<String> = ds
+                .iter()
+                .map(|d| format!("{} at {:.3}s", d.attempt, d.start.as_secs_f64()))
+                .collect();
+            r.excerpt(format!(
+                "POP ATTEMPT BACKWARDS q{}@{}: attempts {}\n{}",
+                key.0,
+                key.1,
+                seen.join(", "),
+                ctx(*key)
+            ));
+        }
+        // Handed out again before the deadline of the delivery before it (consecutive attempts,
+        // so no unseen delivery in between), by the replicated clock the replies carry.
+        let mut by_attempt: Vec<&&Delivery> = ds.iter().collect();
+        by_attempt.sort_by_key(|d| d.attempt);
+        for w in by_attempt.windows(2) {
+            let (d1, d2) = (w[0], w[1]);
+            if d2.attempt != d1.attempt + 1 {
+                continue;
+            }
+            let changes: Vec<_> = p
+                .changes
+                .iter()
+                .filter(|c| c.key == *key && c.attempt == d1.attempt)
+                .collect();
+            if changes
+                .iter()
+                .any(|c| matches!(c.answer, Answer::Unknown(_)))
+            {
+                continue;
+            }
+            let deadline = changes
+                .iter()
+                .filter(|c| c.answer == Answer::Ok)
+                .max_by_key(|c| c.end)
+                .and_then(|c| c.invisible_until_ms)
+                .unwrap_or(d1.invisible_until_ms);
+            if d2.clock_ms() < deadline {
+                pr.redelivered_early += 1;
+                r.excerpt(format!(
+                    "POP REDELIVERED EARLY q{}@{}: attempt {} handed out at clock {} before \
+                     attempt {}'s deadline {deadline}\n{}",
+                    key.0,
+                    key.1,
+                    d2.attempt,
+                    d2.clock_ms(),
+                    d1.attempt,
+                    ctx(*key)
+                ));
+            }
+        }
+    }
+
+    // The dead-letter topic.
+    let mut dead: BTreeMap<PopKey, u64> = BTreeMap::new();
+    for e in &dlq.entries {
+        let Some(key) = e.key() else {
+            pr.dlq_corrupt += 1;
+            r.excerpt(format!(
+                "POP DLQ CORRUPT at offset {}: origin {:?} is no message of the topic",
+                e.offset, e.origin
+            ));
+            continue;
+        };
+        *dead.entry(key).or_default() += 1;
+        if stored.get(&key).is_none_or(|b| **b != e.body) {
+            pr.dlq_corrupt += 1;
+            r.excerpt(format!(
+                "POP DLQ CORRUPT at offset {}: origin q{}@{} holds {:?}, the dead letter {:?}\n{}",
+                e.offset,
+                key.0,
+                key.1,
+                stored.get(&key).map(|b| body_str(b)),
+                body_str(&e.body),
+                ctx(key)
+            ));
+        }
+        let attempts_ok = e.attempts.as_deref() == Some(max.to_string().as_str());
+        let seen = by_key
+            .get(&key)
+            .and_then(|ds| ds.iter().map(|d| d.attempt).max())
+            .unwrap_or(0);
+        if !attempts_ok || (seen < max && !any_unknown_pop) {
+            pr.dlq_early += 1;
+            r.excerpt(format!(
+                "POP DLQ EARLY q{}@{}: dead-lettered with attempts {:?}, highest attempt seen \
+                 {seen} (max_attempts {max}, every receive answered: {})\n{}",
+                key.0,
+                key.1,
+                e.attempts,
+                !any_unknown_pop,
+                ctx(key)
+            ));
+        }
+        if ok_acks.contains_key(&key) {
+            pr.acked_then_dlq += 1;
+            r.excerpt(format!(
+                "POP ACKED THEN DEAD-LETTERED q{}@{}\n{}",
+                key.0,
+                key.1,
+                ctx(key)
+            ));
+        }
+    }
+    pr.dead_lettered = dlq.entries.len() as u64;
+    for (key, n) in &dead {
+        if *n > 1 {
+            pr.dlq_duplicates += n - 1;
+            r.excerpt(format!(
+                "POP DLQ DUPLICATE q{}@{}: {n} times in the dead-letter topic\n{}",
+                key.0,
+                key.1,
+                ctx(*key)
+            ));
+        }
+    }
+
+    // Every stored message received (or dead-lettered unseen) and, in the end, acknowledged or
+    // dead-lettered.
+    let settled: BTreeSet<PopKey> = p
+        .acks
+        .iter()
+        .filter(|a| matches!(a.answer, Answer::Ok | Answer::Unknown(_)))
+        .map(|a| a.key)
+        .collect();
+    for (key, body) in &stored {
+        if dead.contains_key(key) {
+            continue;
+        }
+        if !by_key.contains_key(key) {
+            pr.lost += 1;
+            r.excerpt(format!(
+                "POP LOST q{}@{}: stored ({}), never received by {}, not dead-lettered",
+                key.0,
+                key.1,
+                body_str(body),
+                super::POP_GROUP
+            ));
+        } else if !settled.contains(key) {
+            pr.unsettled += 1;
+            r.excerpt(format!(
+                "POP UNSETTLED q{}@{}: received, no ack answered OK (or left unknown), not \
+                 dead-lettered{}\n{}",
+                key.0,
+                key.1,
+                if dlq.expected_missing.contains(key) {
+                    " (its last delivery was the last attempt)"
+                } else {
+                    ""
+                },
+                ctx(*key)
+            ));
+        }
+    }
+    // A delivery names a stored message and carries its body (the main check's rules cover the
+    // topic's contents themselves).
+    for (key, ds) in &by_key {
+        let held = stored.get(key).map(|b| decode(b));
+        if let Some(d) = ds.iter().find(|d| held != Some(d.id)) {
+            r.unexpected += 1;
+            r.excerpt(format!(
+                "UNEXPECTED (pop) q{}@{}: received as {:?}, the nodes hold {:?}\n{}",
+                key.0,
+                key.1,
+                d.id,
+                stored.get(key).map(|b| body_str(b)),
+                ctx(*key)
+            ));
+        }
+    }
+    r.pop = Some(Box::new(pr));
+}
+
 /// [`check`] on hand-made histories. Each bad history is the good one of [`baseline`] with one
 /// defect added, and its test asserts that exactly the counters of that defect are raised (every
 /// other problem counter stays zero), so a rule that misses its defect, or flags a good history,
@@ -292,7 +610,9 @@ mod tests {
     use super::check;
     use crate::history::report::Report;
     use crate::history::workload::NodeRead;
-    use crate::history::{FaultEvent, FaultKind, History, MsgId, OffsetEvent, Op, Outcome, encode};
+    use crate::history::{
+        FaultEvent, FaultKind, History, MsgId, OffsetEvent, Op, Outcome, decode, encode,
+    };
 
     const LEN: usize = 40;
     const NODES: [u64; 3] = [1, 2, 3];
@@ -698,5 +1018,310 @@ mod tests {
         // No acknowledgement from 12 s to the load end at 20 s.
         assert_eq!(r.liveness[1].max_gap, secs(8.0));
         assert_eq!(r.liveness[1].after_heal, secs(7.0));
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The POP workload
+
+    use crate::history::pop::{
+        AckEvent, Answer, ChangeEvent, Delivery, DlqEntry, DlqRead, DrainStats, Fate, PopCall,
+        PopCallOutcome, PopHistory,
+    };
+    use crate::history::report::PopReport;
+
+    /// A delivery of `key` at `attempt`, received over [start, start + 0.1 s], applied at
+    /// replicated clock `clock` ms with 2 s of invisibility.
+    fn delivery(key: (u32, u64), attempt: u32, start: f64, clock: u64, fate: Fate) -> Delivery {
+        Delivery {
+            consumer: 1,
+            key,
+            id: None,
+            attempt,
+            handle: format!("{}.{}.{}.broker-a", key.0, key.1, clock),
+            invisible_ms: 2000,
+            invisible_until_ms: clock + 2000,
+            start: secs(start),
+            end: secs(start + 0.1),
+            drain: false,
+            fate,
+        }
+    }
+
+    fn ack(key: (u32, u64), attempt: u32, end: f64, answer: Answer) -> AckEvent {
+        AckEvent {
+            consumer: 1,
+            key,
+            attempt,
+            handle: "h".into(),
+            start: secs(end - 0.05),
+            end: secs(end),
+            answer,
+        }
+    }
+
+    fn dead_letter(key: (u32, u64), attempts: &str, body: Vec<u8>) -> DlqEntry {
+        DlqEntry {
+            offset: 0,
+            origin: Some(format!("hist/{}/{}", key.0, key.1)),
+            attempts: Some(attempts.into()),
+            body,
+        }
+    }
+
+    /// A good POP history of the baseline's topic: q0@0 acknowledged at once; q0@1 left to expire
+    /// once, then acknowledged; q0@2 left to expire three times and dead-lettered; q0@3 made
+    /// invisible again and acknowledged under the new handle; q1@0 acknowledged with no answer.
+    fn pop_baseline(c: &Case) -> PopHistory {
+        let body_at = |q: u32, off: u64| {
+            c.entries
+                .iter()
+                .find(|(eq, eo, _)| (*eq, *eo) == (q, off))
+                .map(|e| e.2.clone())
+                .unwrap()
+        };
+        let mut deliveries = vec![
+            delivery((0, 0), 1, 1.0, 10_000, Fate::Ack),
+            delivery((0, 1), 1, 1.0, 10_000, Fate::Ignore),
+            delivery((0, 1), 2, 3.0, 12_000, Fate::Ack),
+            delivery((0, 2), 1, 1.0, 10_000, Fate::Ignore),
+            delivery((0, 2), 2, 3.0, 12_000, Fate::Ignore),
+            delivery((0, 2), 3, 5.0, 14_000, Fate::Ignore),
+            delivery((0, 3), 1, 1.0, 10_000, Fate::ChangeThenAck),
+            delivery((1, 0), 1, 1.0, 10_000, Fate::Ack),
+        ];
+        for d in &mut deliveries {
+            d.id = decode(&body_at(d.key.0, d.key.1));
+        }
+        PopHistory {
+            max_attempts: 3,
+            calls: vec![PopCall {
+                consumer: 1,
+                by: "n1".into(),
+                invisible_ms: 2000,
+                start: secs(1.0),
+                end: secs(1.1),
+                start_wall_ms: 10_000,
+                end_wall_ms: 10_100,
+                drain: false,
+                outcome: PopCallOutcome::Received(5),
+            }],
+            deliveries,
+            acks: vec![
+                ack((0, 0), 1, 1.2, Answer::Ok),
+                ack((0, 1), 2, 3.2, Answer::Ok),
+                ack((0, 3), 1, 1.3, Answer::Ok),
+                ack((1, 0), 1, 1.2, Answer::Unknown("timeout".into())),
+            ],
+            changes: vec![ChangeEvent {
+                consumer: 1,
+                key: (0, 3),
+                attempt: 1,
+                handle: "h".into(),
+                invisible_ms: 3000,
+                start: secs(1.15),
+                end: secs(1.2),
+                end_wall_ms: 10_200,
+                answer: Answer::Ok,
+                new_handle: Some("h2".into()),
+                invisible_until_ms: Some(13_200),
+            }],
+            drain: Some(DrainStats {
+                took: secs(6.0),
+                timed_out: false,
+                received: 0,
+            }),
+            dlq: Some(DlqRead {
+                entries: vec![dead_letter((0, 2), "3", body_at(0, 2))],
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn pop_problems(p: &PopReport) -> BTreeMap<&'static str, u64> {
+        BTreeMap::from([
+            ("redelivered_after_ack", p.redelivered_after_ack),
+            ("lost", p.lost),
+            ("unsettled", p.unsettled),
+            ("attempt_backwards", p.attempt_backwards),
+            ("attempt_out_of_range", p.attempt_out_of_range),
+            ("redelivered_early", p.redelivered_early),
+            ("dlq_duplicates", p.dlq_duplicates),
+            ("dlq_early", p.dlq_early),
+            ("dlq_corrupt", p.dlq_corrupt),
+            ("acked_then_dlq", p.acked_then_dlq),
+            ("drain_timeouts", p.drain_timeouts),
+            ("dlq_errors", p.dlq_errors),
+        ])
+    }
+
+    /// The baseline with `change` applied to its POP history, checked.
+    fn pop_check(change: impl FnOnce(&mut PopHistory)) -> Report {
+        let c = baseline();
+        let mut p = pop_baseline(&c);
+        change(&mut p);
+        // Deliveries a test adds carry the payload of the message they name.
+        for d in p.deliveries.iter_mut().filter(|d| d.id.is_none()) {
+            d.id = c
+                .entries
+                .iter()
+                .find(|(q, off, _)| (*q, *off) == d.key)
+                .and_then(|e| decode(&e.2));
+        }
+        let h = c.history();
+        *h.pop.lock().unwrap() = p;
+        let reads = c.reads();
+        let mut r = check(&h, &reads, 7);
+        super::check_pop(&h, &reads, &mut r);
+        r
+    }
+
+    /// The POP history changed by `change` raises exactly `raised` (and nothing in the main
+    /// check), with an excerpt starting with `tag`.
+    fn pop_flagged(
+        change: impl FnOnce(&mut PopHistory),
+        raised: &[(&'static str, u64)],
+        tag: &str,
+    ) {
+        let r = pop_check(change);
+        let p = r.pop.as_deref().unwrap();
+        let mut want = pop_problems(&PopReport::default());
+        for (k, v) in raised {
+            assert!(want.contains_key(k), "no counter {k}");
+            want.insert(k, *v);
+        }
+        assert_eq!(pop_problems(p), want, "{r}");
+        assert_eq!(problems(&r), only(&[]), "{r}");
+        assert!(!r.is_ok(), "{r}");
+        assert!(
+            r.excerpts.iter().any(|e| e.starts_with(tag)),
+            "no excerpt {tag}: {r}"
+        );
+    }
+
+    #[test]
+    fn t17_good_pop_history_passes() {
+        let r = pop_check(|_| {});
+        let p = r.pop.as_deref().unwrap();
+        assert_eq!(p.problems(), 0, "{r}");
+        assert!(r.is_ok(), "{r}");
+        assert!(r.excerpts.is_empty(), "{r}");
+        assert_eq!(
+            (p.received, p.messages, p.stored, p.redelivered, p.ignored),
+            (8, 5, 5, 3, 4)
+        );
+        assert_eq!(
+            (p.acked, p.ack_unknown, p.changed, p.dead_lettered),
+            (3, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn t18_pop_message_received_after_its_ack_was_answered() {
+        pop_flagged(
+            |p| {
+                p.deliveries
+                    .push(delivery((0, 0), 2, 4.0, 13_000, Fate::Ack))
+            },
+            &[("redelivered_after_ack", 1)],
+            "POP REDELIVERED AFTER ACK q0@0",
+        );
+    }
+
+    #[test]
+    fn t19_pop_stored_message_never_received_nor_dead_lettered_is_lost() {
+        pop_flagged(
+            |p| {
+                p.deliveries.retain(|d| d.key != (1, 0));
+                p.acks.retain(|a| a.key != (1, 0));
+            },
+            &[("lost", 1)],
+            "POP LOST q1@0",
+        );
+    }
+
+    #[test]
+    fn t20_pop_message_received_but_never_acknowledged_nor_dead_lettered() {
+        pop_flagged(
+            |p| p.acks[3].answer = Answer::Invalid("INVALID_RECEIPT_HANDLE".into()),
+            &[("unsettled", 1)],
+            "POP UNSETTLED q1@0",
+        );
+    }
+
+    #[test]
+    fn t21_pop_attempt_repeated_after_an_answered_receive_goes_backwards() {
+        pop_flagged(
+            |p| p.deliveries[2].attempt = 1,
+            &[("attempt_backwards", 1)],
+            "POP ATTEMPT BACKWARDS q0@1",
+        );
+    }
+
+    #[test]
+    fn t22_pop_redelivery_before_the_deadline_is_early() {
+        // Attempt 1 of q0@1 is invisible until clock 12000; attempt 2 applied at 11500.
+        pop_flagged(
+            |p| {
+                p.deliveries[2].invisible_until_ms = 13_500;
+            },
+            &[("redelivered_early", 1)],
+            "POP REDELIVERED EARLY q0@1",
+        );
+        // A change answered OK moves the deadline: q0@3 is invisible until 13200 after it.
+        pop_flagged(
+            |p| {
+                p.deliveries
+                    .push(delivery((0, 3), 2, 2.0, 12_000, Fate::Ack));
+                p.acks.retain(|a| a.key != (0, 3));
+                p.acks.push(ack((0, 3), 2, 2.2, Answer::Ok));
+            },
+            &[("redelivered_early", 1)],
+            "POP REDELIVERED EARLY q0@3",
+        );
+    }
+
+    #[test]
+    fn t23_pop_dead_letter_twice_or_early_or_after_an_ack() {
+        pop_flagged(
+            |p| {
+                let e = p.dlq.as_ref().unwrap().entries[0].clone();
+                p.dlq.as_mut().unwrap().entries.push(e);
+            },
+            &[("dlq_duplicates", 1)],
+            "POP DLQ DUPLICATE q0@2",
+        );
+        pop_flagged(
+            |p| p.dlq.as_mut().unwrap().entries[0].attempts = Some("2".into()),
+            &[("dlq_early", 1)],
+            "POP DLQ EARLY q0@2",
+        );
+        // q0@0 was acknowledged at its first attempt, yet it is dead-lettered as well (which is
+        // early too: one attempt seen, every receive answered).
+        pop_flagged(
+            |p| {
+                let body = p.dlq.as_ref().unwrap().entries[0].body.clone();
+                let mut e = dead_letter((0, 0), "3", body);
+                e.body = super::encode(
+                    MsgId {
+                        producer: 1,
+                        seq: 1,
+                        idx: 0,
+                    },
+                    LEN,
+                );
+                p.dlq.as_mut().unwrap().entries.push(e);
+            },
+            &[("acked_then_dlq", 1), ("dlq_early", 1)],
+            "POP ACKED THEN DEAD-LETTERED q0@0",
+        );
+    }
+
+    #[test]
+    fn t24_pop_drain_that_timed_out_fails() {
+        pop_flagged(
+            |p| p.drain.as_mut().unwrap().timed_out = true,
+            &[("drain_timeouts", 1)],
+            "POP DRAIN TIMED OUT",
+        );
     }
 }

@@ -43,9 +43,20 @@
 //! not per byte: a 1 GiB fill read back from three nodes took 12-15 s and its check 1-2 s on a
 //! 2-core VM.
 //!
+//! POP mode ([`ScenarioCfg::pop`], `soak --pop`, `t37`): POP consumers of group [`POP_GROUP`]
+//! (3 attempts, 1-3 s invisible) receive [`TOPIC`] itself beside the producers, under the same
+//! faults, and ack, change the invisibility and ack, or let messages expire; after the heal they
+//! drain the topic and the group's dead-letter topic is read from the leader. [`check_pop`] then
+//! requires: nothing acknowledged (ack answered OK) is received again or dead-lettered; every
+//! stored message is received and, in the end, acknowledged or dead-lettered once, with
+//! `__rmq.dlq.attempts` = 3 and its own body; attempts never repeat or go backwards, stay within
+//! 1..=3, and a message is never handed out again before its deadline by the replicated clock.
+//! Details and the drain's bounds in [`pop`].
+//!
 //! Modules: [`workload`] sends and records the history and reads every node back; [`faults`]
 //! injects and heals faults; [`check`](mod@check) compares the history with what was read;
-//! [`report`] holds and prints the result; [`scenario`] runs a round of all of them.
+//! [`report`] holds and prints the result; [`scenario`] runs a round of all of them; [`pop`] is
+//! the POP workload.
 //!
 //! [`check`]: fn@check
 
@@ -55,16 +66,20 @@ use std::time::{Duration, Instant};
 
 pub mod check;
 pub mod faults;
+pub mod pop;
 pub mod report;
 pub mod scenario;
 pub mod workload;
 
-pub use check::check;
+pub use check::{check, check_pop};
 pub use faults::{
     FaultKind, InjectOpts, PARTITION_LONG, find_leader, find_leader_term, flip_bit, inject,
     inject_opts, truncate_segment, wait_converged, wait_converged_term,
 };
-pub use report::{FaultLiveness, FillReport, FillStats, Report};
+pub use pop::{
+    POP_GROUP, POP_MAX_ATTEMPTS, PopCfg, PopHistory, expected_dead_letters, pop_dlq_topic,
+};
+pub use report::{FaultLiveness, FillReport, FillStats, PopReport, Report};
 pub use scenario::{FaultPlan, RoundOutcome, ScenarioCfg, run_round, run_scenario};
 pub use workload::{
     FILL_BODY_LEN, FILL_MSGS_PER_SEND, FILL_PRODUCER_BASE, FILL_SEND_BYTES, FILL_TOPIC,
@@ -200,6 +215,9 @@ pub struct History {
     pub faults: Mutex<Vec<FaultEvent>>,
     pub offsets: Mutex<Vec<OffsetEvent>>,
     pub acks: AtomicU64,
+    /// The POP consumers' calls, the drain and the dead letters (empty unless the round runs the
+    /// POP workload, [`ScenarioCfg::pop`]).
+    pub pop: Mutex<pop::PopHistory>,
     /// When the load stopped (set by [`run_scenario`]); ends the last fault's liveness window.
     pub load_end: Mutex<Option<Duration>>,
 }
@@ -212,6 +230,7 @@ impl Default for History {
             faults: Mutex::default(),
             offsets: Mutex::default(),
             acks: AtomicU64::new(0),
+            pop: Mutex::default(),
             load_end: Mutex::default(),
         }
     }

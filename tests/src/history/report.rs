@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::faults::FaultKind;
+use super::pop::{Answer, PopHistory, PopKey};
 use super::workload::QueueSum;
 use super::{EXCERPTS_MAX, FaultEvent, Op, Outcome};
 
@@ -51,6 +52,137 @@ pub struct Report {
     ///
     /// [`FILL_TOPIC`]: super::FILL_TOPIC
     pub fill: Option<Box<FillReport>>,
+    /// The POP workload's figures and problems, when the round ran it.
+    pub pop: Option<Box<PopReport>>,
+}
+
+/// What [`check_pop`] found: figures, then problem counters (each must be zero).
+///
+/// [`check_pop`]: super::check_pop
+#[derive(Debug, Default, Clone)]
+pub struct PopReport {
+    /// Receive RPCs, and those whose outcome is unknown (they may have handed out messages).
+    pub calls: u64,
+    pub calls_unknown: u64,
+    /// Deliveries seen (a message received once per attempt).
+    pub received: u64,
+    /// Distinct messages received, and messages of the topic the group had to consume.
+    pub messages: u64,
+    pub stored: u64,
+    /// Deliveries with attempt > 1 (the message came back after its invisible time).
+    pub redelivered: u64,
+    /// Deliveries the consumer left to expire on purpose.
+    pub ignored: u64,
+    /// Acks per handle: answered OK, answered INVALID_RECEIPT_HANDLE, never applied, unknown.
+    pub acked: u64,
+    pub ack_invalid: u64,
+    pub ack_not_applied: u64,
+    pub ack_unknown: u64,
+    /// Invisibility changes: answered OK, stale, unknown or never applied.
+    pub changed: u64,
+    pub change_stale: u64,
+    pub change_unknown: u64,
+    /// Messages read from the dead-letter topic.
+    pub dead_lettered: u64,
+    /// Messages received by the drain, how long it took, and how long the dead letters took to
+    /// settle.
+    pub drain_received: u64,
+    pub drain_took: Duration,
+    pub dlq_waited: Duration,
+    // Problems.
+    /// Received again after an ack of it was answered OK.
+    pub redelivered_after_ack: u64,
+    /// Stored in the topic, never received, not in the dead-letter topic.
+    pub lost: u64,
+    /// Received, never acknowledged (no ack answered OK or unknown), not in the dead-letter topic.
+    pub unsettled: u64,
+    /// A delivery with an attempt at or below one seen before it (or the same attempt twice).
+    pub attempt_backwards: u64,
+    /// A delivery attempt of 0 or above the group's max_attempts.
+    pub attempt_out_of_range: u64,
+    /// Handed out again before the previous delivery's deadline (by the replicated clock).
+    pub redelivered_early: u64,
+    /// A message in the dead-letter topic more than once.
+    pub dlq_duplicates: u64,
+    /// Dead-lettered with `__rmq.dlq.attempts` other than max_attempts, or with fewer deliveries
+    /// seen while every receive was answered.
+    pub dlq_early: u64,
+    /// A dead letter whose origin is not a stored message of the topic or whose body differs.
+    pub dlq_corrupt: u64,
+    /// In the dead-letter topic although an ack of it was answered OK.
+    pub acked_then_dlq: u64,
+    /// The drain hit its bound, or the dead-letter topic could not be read.
+    pub drain_timeouts: u64,
+    pub dlq_errors: u64,
+}
+
+impl PopReport {
+    pub fn problems(&self) -> u64 {
+        self.redelivered_after_ack
+            + self.lost
+            + self.unsettled
+            + self.attempt_backwards
+            + self.attempt_out_of_range
+            + self.redelivered_early
+            + self.dlq_duplicates
+            + self.dlq_early
+            + self.dlq_corrupt
+            + self.acked_then_dlq
+            + self.drain_timeouts
+            + self.dlq_errors
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.problems() == 0
+    }
+}
+
+impl std::fmt::Display for PopReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "pop: received {} ({} messages of {} stored), acked {}, expired/redelivered {} \
+             (left to expire {}), dead-lettered {}; ack invalid {}, ack unknown {}, ack not \
+             applied {}; changes ok {}, stale {}, unknown {}; receives {} (unknown {}); drain \
+             {:.1}s ({} received), dead letters settled {:.1}s later",
+            self.received,
+            self.messages,
+            self.stored,
+            self.acked,
+            self.redelivered,
+            self.ignored,
+            self.dead_lettered,
+            self.ack_invalid,
+            self.ack_unknown,
+            self.ack_not_applied,
+            self.changed,
+            self.change_stale,
+            self.change_unknown,
+            self.calls,
+            self.calls_unknown,
+            self.drain_took.as_secs_f64(),
+            self.drain_received,
+            self.dlq_waited.as_secs_f64()
+        )?;
+        write!(
+            f,
+            "pop: redelivered after ack {}, lost {}, unsettled {}, attempt backwards {}, attempt \
+             out of range {}, redelivered early {}, dlq duplicates {}, dlq early {}, dlq corrupt \
+             {}, acked then dlq {}, drain timeouts {}, dlq errors {}",
+            self.redelivered_after_ack,
+            self.lost,
+            self.unsettled,
+            self.attempt_backwards,
+            self.attempt_out_of_range,
+            self.redelivered_early,
+            self.dlq_duplicates,
+            self.dlq_early,
+            self.dlq_corrupt,
+            self.acked_then_dlq,
+            self.drain_timeouts,
+            self.dlq_errors
+        )
+    }
 }
 
 /// The fill of a large-log round and what every node held of it at the end.
@@ -117,6 +249,7 @@ impl Report {
             + self.read_errors
             == 0
             && self.fill.as_ref().is_none_or(|f| f.is_ok())
+            && self.pop.as_ref().is_none_or(|p| p.is_ok())
     }
 
     pub(super) fn excerpt(&mut self, s: String) {
@@ -159,6 +292,11 @@ impl std::fmt::Display for Report {
             self.offsets_backwards,
             self.read_errors
         )?;
+        if let Some(p) = &self.pop {
+            for line in p.to_string().lines() {
+                writeln!(f, "  {line}")?;
+            }
+        }
         for (fe, l) in self.faults.iter().zip(&self.liveness) {
             writeln!(
                 f,
@@ -315,6 +453,114 @@ pub(super) fn op_context(
         }
     }
     s
+}
+
+/// Everything the POP consumers did with the message at `key`, in time order, and the faults
+/// within 3 s of it.
+pub(super) fn pop_context(p: &PopHistory, faults: &[FaultEvent], key: PopKey) -> String {
+    let mut lines: Vec<(Duration, String)> = Vec::new();
+    for d in p.deliveries.iter().filter(|d| d.key == key) {
+        lines.push((
+            d.end,
+            format!(
+                "[{:.3}s..{:.3}s] c{} received attempt {} handle {} invisible {} ms until {}{} \
+                 ({:?}){}",
+                d.start.as_secs_f64(),
+                d.end.as_secs_f64(),
+                d.consumer,
+                d.attempt,
+                d.handle,
+                d.invisible_ms,
+                d.invisible_until_ms,
+                d.id.map(|i| format!(" p{} s{}#{}", i.producer, i.seq, i.idx))
+                    .unwrap_or_default(),
+                d.fate,
+                if d.drain { " drain" } else { "" }
+            ),
+        ));
+    }
+    for c in p.changes.iter().filter(|c| c.key == key) {
+        lines.push((
+            c.end,
+            format!(
+                "[{:.3}s..{:.3}s] c{} change attempt {} handle {} by {} ms: {}{}",
+                c.start.as_secs_f64(),
+                c.end.as_secs_f64(),
+                c.consumer,
+                c.attempt,
+                c.handle,
+                c.invisible_ms,
+                answer_str(&c.answer),
+                match (&c.new_handle, c.invisible_until_ms) {
+                    (Some(h), Some(u)) => format!(" -> {h} until {u}"),
+                    _ => String::new(),
+                }
+            ),
+        ));
+    }
+    for a in p.acks.iter().filter(|a| a.key == key) {
+        lines.push((
+            a.end,
+            format!(
+                "[{:.3}s..{:.3}s] c{} ack attempt {} handle {}: {}",
+                a.start.as_secs_f64(),
+                a.end.as_secs_f64(),
+                a.consumer,
+                a.attempt,
+                a.handle,
+                answer_str(&a.answer)
+            ),
+        ));
+    }
+    if let Some(dlq) = &p.dlq {
+        for e in dlq.entries.iter().filter(|e| e.key() == Some(key)) {
+            lines.push((
+                Duration::MAX,
+                format!(
+                    "dead letter at offset {} (attempts {:?})",
+                    e.offset, e.attempts
+                ),
+            ));
+        }
+    }
+    lines.sort_by_key(|(t, _)| *t);
+    let mut s = String::new();
+    for (_, l) in &lines {
+        writeln!(s, "      {l}").ok();
+    }
+    let times: Vec<Duration> = lines
+        .iter()
+        .map(|(t, _)| *t)
+        .filter(|t| *t != Duration::MAX)
+        .collect();
+    if let (Some(a), Some(b)) = (times.iter().min(), times.iter().max()) {
+        let margin = Duration::from_secs(3);
+        for fe in faults {
+            if fe.converged + margin >= *a && fe.start <= *b + margin {
+                writeln!(
+                    s,
+                    "         fault {} nodes {:?} [{:.3}s..healed {:.3}s..converged {:.3}s] {}",
+                    fe.kind.name(),
+                    fe.nodes,
+                    fe.start.as_secs_f64(),
+                    fe.healed.as_secs_f64(),
+                    fe.converged.as_secs_f64(),
+                    fe.note.replace('\n', "; ")
+                )
+                .ok();
+            }
+        }
+    }
+    s
+}
+
+fn answer_str(a: &Answer) -> String {
+    match a {
+        Answer::Ok => "OK".into(),
+        Answer::Invalid(w) => format!("INVALID {w}"),
+        Answer::NotApplied(w) => format!("NOT APPLIED {w}"),
+        Answer::Unknown(w) => format!("UNKNOWN {w}"),
+    }
 }
 
 pub(super) fn body_str(b: &[u8]) -> String {

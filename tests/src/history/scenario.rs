@@ -11,10 +11,11 @@ use raftmq_proto::v1::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::check::check;
+use super::check::{check, check_pop};
 use super::faults::{
     FaultKind, InjectOpts, PARTITION_LONG, find_leader, inject_opts, wait_converged,
 };
+use super::pop::{POP_MAX_ATTEMPTS, PopCfg, create_pop_group, drain, pop_consumer_loop, read_dlq};
 use super::report::{FillReport, FillStats, Report};
 use super::workload::{
     FILL_SEND_BYTES, FILL_TOPIC, LargeLogCfg, NodeRead, WorkloadCfg, committer_loop, fill_log,
@@ -48,6 +49,9 @@ pub struct ScenarioCfg {
     pub max_duration: Duration,
     /// Large-log mode: fill the log first, wait for followers to catch up after follower faults.
     pub large_log: Option<LargeLogCfg>,
+    /// POP consumers of [`TOPIC`] beside the producers, then a drain and the dead-letter topic,
+    /// checked by [`check_pop`] (see [`super::pop`]). None: the round is as before.
+    pub pop: Option<PopCfg>,
 }
 
 impl ScenarioCfg {
@@ -60,6 +64,7 @@ impl ScenarioCfg {
             calm: Duration::from_secs(5),
             max_duration: Duration::from_secs(600),
             large_log: None,
+            pop: None,
         }
     }
 }
@@ -222,8 +227,12 @@ async fn scenario(
         );
         fill = Some((fill_hist, stats));
     }
+    if cfg.pop.is_some() {
+        create_pop_group(c).await?;
+    }
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
+    lock(&hist.pop).max_attempts = POP_MAX_ATTEMPTS;
     *hist_out = Some(hist.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let until = Instant::now() + cfg.max_duration;
@@ -245,6 +254,19 @@ async fn scenario(
         stop.clone(),
         until,
     )));
+    if let Some(pc) = &cfg.pop {
+        for id in 1..=pc.consumers {
+            tasks.push(tokio::spawn(pop_consumer_loop(
+                hist.clone(),
+                id,
+                addrs.clone(),
+                pc.clone(),
+                cfg.seed,
+                stop.clone(),
+                until,
+            )));
+        }
+    }
 
     calm(&hist, cfg.acks_between, cfg.calm).await;
     let mut result = Ok(());
@@ -284,11 +306,38 @@ async fn scenario(
         let faults = lock(&hist.faults).clone();
         return Err(failure_text(cfg.seed, c, &faults, &e));
     }
+    if let Some(pc) = &cfg.pop {
+        let stats = drain(hist.clone(), addrs.clone(), pc, cfg.seed).await;
+        eprintln!(
+            "seed {}: pop drain {:.1} s, {} received{}",
+            cfg.seed,
+            stats.took.as_secs_f64(),
+            stats.received,
+            if stats.timed_out { " (TIMED OUT)" } else { "" }
+        );
+        lock(&hist.pop).drain = Some(stats);
+        let snapshot = lock(&hist.pop).clone();
+        let dlq = read_dlq(c, &snapshot).await;
+        lock(&hist.pop).dlq = Some(dlq);
+        // The drain wrote to the group's log: read back what every node applied.
+        if let Err(e) = wait_converged(c, converge_timeout).await {
+            let faults = lock(&hist.faults).clone();
+            return Err(failure_text(
+                cfg.seed,
+                c,
+                &faults,
+                &format!("after the drain: {e}"),
+            ));
+        }
+    }
     let mut reads = BTreeMap::new();
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
     }
     let mut report = check(&hist, &reads, cfg.seed);
+    if cfg.pop.is_some() {
+        check_pop(&hist, &reads, &mut report);
+    }
     if let Some((fill_hist, stats)) = fill {
         report.fill = Some(Box::new(check_fill(c, &fill_hist, stats, cfg.seed).await));
     }

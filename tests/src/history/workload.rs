@@ -25,10 +25,10 @@ use crate::{Cluster, code, connect};
 
 /// Channels per address, reused across sends (lazy: they reconnect after a node restarts).
 #[derive(Default)]
-struct Clients(HashMap<String, BrokerServiceClient<Channel>>);
+pub(super) struct Clients(HashMap<String, BrokerServiceClient<Channel>>);
 
 impl Clients {
-    async fn get(&mut self, addr: &str) -> BrokerServiceClient<Channel> {
+    pub(super) async fn get(&mut self, addr: &str) -> BrokerServiceClient<Channel> {
         if let Some(c) = self.0.get(addr) {
             return c.clone();
         }
@@ -39,7 +39,7 @@ impl Clients {
 }
 
 /// True when a transport error proves the request never left (nothing can have been stored).
-fn never_sent(s: &tonic::Status) -> bool {
+pub(super) fn never_sent(s: &tonic::Status) -> bool {
     let d = format!("{s:?}");
     d.contains("onnection refused") || d.contains("tcp connect error")
 }

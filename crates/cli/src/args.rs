@@ -318,6 +318,8 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 10_000)]
         timeout_ms: u64,
     },
+    /// The RocketMQ 5 API with raw gRPC: v2 send beside v1 produce, then POP receive + ack.
+    Pop(crate::commands::bench_pop::PopBenchArgs),
     /// SIGKILL the leader of a local cluster repeatedly; outage = kill → first acknowledged send.
     Failover {
         #[arg(long, default_value_t = 10)]

@@ -94,6 +94,9 @@ v1_rpcs! {
     DeadLetterRequest => DeadLetterResponse, dead_letter;
 }
 
+/// A peer its leader has not heard from for this long is left out of routes.
+pub const PEER_SILENT_MS: u64 = 2_000;
+
 /// Where a call starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -161,6 +164,42 @@ pub struct Forwarder<B> {
 type At = Option<String>;
 
 impl<B: BrokerService> Forwarder<B> {
+    /// The addresses of this group's nodes its leader has not heard from lately (SIGKILLed,
+    /// cut off): asked of this node, or of the leader when this node follows. Empty when no
+    /// leader is known or it does not answer within `timeout`.
+    pub async fn unreachable_peers(&self, timeout: Duration) -> Vec<String> {
+        let Ok(me) = self
+            .local
+            .node_status(tonic::Request::new(v1::NodeStatusRequest {}))
+            .await
+        else {
+            return Vec::new();
+        };
+        let me = me.into_inner();
+        let leader = if me.role == "leader" {
+            me
+        } else {
+            let Some(addr) = me.leader.map(|l| l.address) else {
+                return Vec::new();
+            };
+            let Ok(ch) = self.pool.channel(&addr) else {
+                return Vec::new();
+            };
+            let mut client = v1::broker_service_client::BrokerServiceClient::new(ch);
+            let call = client.node_status(v1::NodeStatusRequest {});
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(r)) => r.into_inner(),
+                _ => return Vec::new(),
+            }
+        };
+        leader
+            .peers
+            .iter()
+            .filter(|p| !p.reachable || p.last_ack_ms.is_none_or(|ms| ms > PEER_SILENT_MS))
+            .map(|p| p.address.clone())
+            .collect()
+    }
+
     /// A forwarder over this node's service.
     pub fn new(local: Arc<B>, advertise: String, pool: Pool) -> Self {
         Forwarder {

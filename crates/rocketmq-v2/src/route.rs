@@ -206,7 +206,7 @@ fn type_of(types: &HashMap<String, TopicMessageType>, group: &v1::BrokerRoute) -
 }
 
 /// QueryRoute's queues: each queue of each group hosting the topic, once per node of the group
-/// (leader first). `types` gives the topic's type on each group (by group name; absent = NORMAL).
+/// (leader first), queue by queue. `types` gives the topic's type on each group (by group name; absent = NORMAL).
 pub fn route_queues(
     topic: &pb::Resource,
     route: &v1::RouteResponse,
@@ -215,9 +215,12 @@ pub fn route_queues(
     let mut out = Vec::new();
     for g in &route.brokers {
         let t = type_of(types, g);
-        for e in node_endpoints(g) {
-            for id in 0..g.queues {
-                out.push(queue(topic, id as i32, g, &e, t));
+        // Queue by queue, each at every node in turn: a client that retries a failed send on the
+        // next queue of the route (the Python client does) then tries another node.
+        let nodes = node_endpoints(g);
+        for id in 0..g.queues {
+            for e in &nodes {
+                out.push(queue(topic, id as i32, g, e, t));
             }
         }
     }
@@ -315,7 +318,7 @@ mod tests {
             .collect();
         assert_eq!(
             a.iter().map(|q| q.id).collect::<Vec<_>>(),
-            [0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3]
+            [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
         );
         for q in &qs {
             assert_eq!(q.topic.as_ref(), Some(&topic()), "namespace echoed");
@@ -328,7 +331,7 @@ mod tests {
         }
         let hosts: Vec<_> = a
             .iter()
-            .step_by(4)
+            .take(3)
             .map(|q| {
                 let e = q.broker.as_ref().unwrap().endpoints.as_ref().unwrap();
                 assert_eq!(e.scheme, AddressScheme::IPv4 as i32);

@@ -176,6 +176,37 @@ impl<B: BrokerService> Front<B> {
 }
 
 impl<B: BrokerService> Inner<B> {
+    /// The route without the nodes of this group its leader has not heard from for
+    /// [`crate::forward::PEER_SILENT_MS`]: the nameservers list a dead node until its
+    /// registration expires, and a client would keep trying it (the Rust 5.0.0 client panics when
+    /// it cannot connect to a node a route names). Other groups' nodes are left as they are.
+    async fn live(&self, route: &v1::RouteResponse) -> v1::RouteResponse {
+        let mut route = route.clone();
+        let silent = self
+            .fwd
+            .unreachable_peers(std::time::Duration::from_millis(300))
+            .await;
+        if silent.is_empty() {
+            return route;
+        }
+        for g in route
+            .brokers
+            .iter_mut()
+            .filter(|g| g.name == self.cfg.broker)
+        {
+            let kept: Vec<v1::RouteNode> = g
+                .nodes
+                .iter()
+                .filter(|n| !silent.contains(&n.address))
+                .cloned()
+                .collect();
+            if !kept.is_empty() {
+                g.nodes = kept;
+            }
+        }
+        route
+    }
+
     /// Where calls for the group named `group` go (empty = this node's group).
     async fn target_of(&self, group: &str, topic: &str) -> Result<Target, Error> {
         if group.is_empty() || group == self.cfg.broker {
@@ -764,6 +795,7 @@ impl<B: BrokerService> MessagingService for Front<B> {
         } else {
             match me.route_or_create(&topic.name).await {
                 Ok(route) => {
+                    let route = me.live(&route).await;
                     let types = me.types_for(&route, &topic.name).await;
                     pb::QueryRouteResponse {
                         status: Some(ok()),
@@ -855,6 +887,7 @@ impl<B: BrokerService> MessagingService for Front<B> {
         let group = name(&req.group).to_string();
         let reply = match me.route_or_create(&topic.name).await {
             Ok(route) => {
+                let route = me.live(&route).await;
                 let types = me.types_for(&route, &topic.name).await;
                 let fifo = me.group_config(&group).await.is_some_and(|g| g.fifo);
                 pb::QueryAssignmentResponse {

@@ -1,4 +1,4 @@
-//! `raftmq bench produce|consume|failover`: progress on stderr while running, then figures
+//! `raftmq bench produce|consume|failover` (and `pop`, in [`super::bench_pop`]): progress on stderr while running, then figures
 //! (a table, or one JSON object with `--json`). Benchmarks measure; they assert nothing.
 
 use std::collections::HashSet;
@@ -97,6 +97,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             )
             .await
         }
+        BenchCmd::Pop(args) => crate::commands::bench_pop::run(nameserver, json, args).await,
         BenchCmd::Failover {
             kills,
             senders,
@@ -152,7 +153,10 @@ pub(crate) fn steal_line(pct: f64) -> String {
 }
 
 /// A local cluster when asked, and the topic (created when missing).
-async fn setup(nameserver: &str, target: &BenchTarget) -> Result<(Option<LocalCluster>, String)> {
+pub(crate) async fn setup(
+    nameserver: &str,
+    target: &BenchTarget,
+) -> Result<(Option<LocalCluster>, String)> {
     let (cluster, ns) = if target.local {
         eprintln!("starting a local cluster");
         let c = LocalCluster::start(LocalClusterOptions::default()).await?;
@@ -180,7 +184,7 @@ pub(crate) struct ProduceRun {
     pub(crate) failed: u64,
     pub(crate) first_error: Option<String>,
     pub(crate) elapsed: Duration,
-    latency: LatencySummary,
+    pub(crate) latency: LatencySummary,
     /// Percent of the machine's CPU time the hypervisor took during the run (Linux VMs).
     cpu_steal_pct: Option<f64>,
 }

@@ -1,0 +1,417 @@
+//! `raftmq bench pop`: the RocketMQ 5 API (`apache.rocketmq.v2`) measured with raw gRPC, beside
+//! raftmq.v1 in the same run on the same cluster:
+//!
+//! 1. v1 produce: `count` messages through the raftmq producer, `inflight` awaiting acks;
+//! 2. v2 send: `count` messages with SendMessage, one message per call as the official clients
+//!    send them, `inflight` calls at once, spread over every node of the group as the official
+//!    clients' queue rotation spreads them (a follower forwards to the leader);
+//! 3. v2 receive + ack: `consumers` POP consumers of a new group, each ReceiveMessage of up to
+//!    `batch` then one AckMessage with every handle, until all `2 × count` messages are acked.
+//!
+//! Progress on stderr each second; figures as a table (or one JSON object with `--json`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use raftmq_client::Admin;
+use raftmq_rocketmq_v2::pb;
+use raftmq_rocketmq_v2::pb::messaging_service_client::MessagingServiceClient;
+use serde_json::json;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use crate::args::BenchTarget;
+use crate::commands::bench::{ProduceShape, StealMeter, setup, steal_line};
+use crate::commands::produce::generated_body;
+use crate::output::{json_line, table};
+use crate::stats::{LatencySummary, summarize, throughput};
+
+/// `raftmq bench pop` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PopBenchArgs {
+    #[command(flatten)]
+    pub target: BenchTarget,
+    /// Messages sent through each API (v1, then v2); the receive phase takes both.
+    #[arg(long, default_value_t = 50_000)]
+    pub count: u64,
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+    /// Sends awaiting acknowledgement at once, for both APIs.
+    #[arg(long, default_value_t = 256)]
+    pub inflight: usize,
+    /// Concurrent POP consumers.
+    #[arg(long, default_value_t = 8)]
+    pub consumers: usize,
+    /// Messages asked for per receive.
+    #[arg(long, default_value_t = 32)]
+    pub batch: i32,
+    /// Give up the receive phase when nothing arrived for this long.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+}
+
+/// The figures of one phase.
+struct Phase {
+    name: &'static str,
+    messages: u64,
+    failed: u64,
+    elapsed: Duration,
+    /// Per call (a send of one message, or a receive followed by its ack).
+    latency: LatencySummary,
+}
+
+fn v2_client(addr: &str) -> Result<MessagingServiceClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .with_context(|| format!("node address {addr:?}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .connect_lazy();
+    Ok(MessagingServiceClient::new(ch).max_decoding_message_size(64 << 20))
+}
+
+fn with_client_id<T>(msg: T, id: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    if let Ok(v) = id.parse() {
+        r.metadata_mut().insert("x-mq-client-id", v);
+    }
+    r
+}
+
+fn resource(name: &str) -> pb::Resource {
+    pb::Resource {
+        resource_namespace: String::new(),
+        name: name.to_string(),
+    }
+}
+
+fn is_ok(st: &Option<pb::Status>) -> bool {
+    st.as_ref().is_some_and(|s| s.code == pb::Code::Ok as i32)
+}
+
+fn status_text(st: &Option<pb::Status>) -> String {
+    st.as_ref()
+        .map_or("no status".into(), |s| format!("{} {}", s.code, s.message))
+}
+
+/// Prints progress once a second while `done` grows.
+fn progress(what: &'static str, done: Arc<AtomicU64>, total: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let t0 = Instant::now();
+        let mut last = 0;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let d = done.load(Ordering::Relaxed);
+            eprintln!(
+                "  {what:<16} {:>5.1} s  {d:>9}/{total}  {:>9.0} msg/s",
+                t0.elapsed().as_secs_f64(),
+                (d - last) as f64
+            );
+            last = d;
+        }
+    })
+}
+
+async fn v2_send(
+    nodes: &[String],
+    topic: &str,
+    count: u64,
+    size: usize,
+    inflight: usize,
+) -> Result<Phase> {
+    let clients: Vec<_> = nodes.iter().map(|a| v2_client(a)).collect::<Result<_>>()?;
+    let done = Arc::new(AtomicU64::new(0));
+    let ticker = progress("v2 send", done.clone(), count);
+    let mut pending = FuturesUnordered::new();
+    let (mut sent, mut failed) = (0u64, 0u64);
+    let mut first_error = None;
+    let mut lat = Vec::with_capacity(count as usize);
+    let t0 = Instant::now();
+    while done.load(Ordering::Relaxed) + failed < count {
+        while sent < count && pending.len() < inflight.max(1) {
+            let mut c = clients[sent as usize % clients.len()].clone();
+            let message = pb::Message {
+                topic: Some(resource(topic)),
+                user_properties: Default::default(),
+                system_properties: Some(pb::SystemProperties {
+                    message_id: format!("BENCH{sent:016X}"),
+                    body_encoding: pb::Encoding::Identity as i32,
+                    message_type: pb::MessageType::Normal as i32,
+                    born_host: "bench".into(),
+                    ..Default::default()
+                }),
+                body: generated_body(1_000_000_000 + sent, size),
+            };
+            sent += 1;
+            pending.push(async move {
+                let t = Instant::now();
+                let req = with_client_id(
+                    pb::SendMessageRequest {
+                        messages: vec![message],
+                    },
+                    "bench-producer",
+                );
+                let r = c.send_message(req).await;
+                (t.elapsed(), r)
+            });
+        }
+        let Some((d, r)) = pending.next().await else {
+            break;
+        };
+        match r {
+            Ok(resp) if is_ok(&resp.get_ref().status) => {
+                done.fetch_add(1, Ordering::Relaxed);
+                lat.push(d);
+            }
+            Ok(resp) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| status_text(&resp.get_ref().status));
+            }
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    ticker.abort();
+    if let Some(e) = first_error {
+        eprintln!("v2 send: {failed} failed, first: {e}");
+    }
+    Ok(Phase {
+        name: "v2 send (1 msg per call)",
+        messages: done.load(Ordering::Relaxed),
+        failed,
+        elapsed: t0.elapsed(),
+        latency: summarize(&mut lat),
+    })
+}
+
+async fn v2_receive_ack(
+    nodes: &[String],
+    topic: &str,
+    args: &PopBenchArgs,
+    total: u64,
+) -> Result<Phase> {
+    let group = format!("bench-pop-{:08x}", rand::random::<u32>());
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let last_progress = Arc::new(std::sync::Mutex::new(Instant::now()));
+    let ticker = progress("v2 receive+ack", done.clone(), total);
+    let t0 = Instant::now();
+    let idle = Duration::from_millis(args.timeout_ms);
+    let mut tasks = Vec::new();
+    for i in 0..args.consumers.max(1) {
+        let mut c = v2_client(&nodes[i % nodes.len()])?;
+        let (done, failed, last) = (done.clone(), failed.clone(), last_progress.clone());
+        let (group, topic, batch) = (group.clone(), topic.to_string(), args.batch);
+        let client_id = format!("bench-consumer-{i}");
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while done.load(Ordering::Relaxed) < total {
+                if last.lock().map(|l| l.elapsed() > idle).unwrap_or(true) {
+                    break;
+                }
+                let t = Instant::now();
+                let req = pb::ReceiveMessageRequest {
+                    group: Some(resource(&group)),
+                    message_queue: Some(pb::MessageQueue {
+                        topic: Some(resource(&topic)),
+                        id: -1,
+                        ..Default::default()
+                    }),
+                    filter_expression: Some(pb::FilterExpression {
+                        r#type: pb::FilterType::Tag as i32,
+                        expression: "*".into(),
+                    }),
+                    batch_size: batch,
+                    invisible_duration: Some(prost_types::Duration {
+                        seconds: 60,
+                        nanos: 0,
+                    }),
+                    auto_renew: false,
+                    long_polling_timeout: Some(prost_types::Duration {
+                        seconds: 1,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                };
+                let mut entries = Vec::new();
+                match c.receive_message(with_client_id(req, &client_id)).await {
+                    Ok(stream) => {
+                        let mut s = stream.into_inner();
+                        while let Some(Ok(frame)) = s.next().await {
+                            if let Some(pb::receive_message_response::Content::Message(m)) =
+                                frame.content
+                            {
+                                let sp = m.system_properties.unwrap_or_default();
+                                entries.push(pb::AckMessageEntry {
+                                    message_id: sp.message_id,
+                                    receipt_handle: sp.receipt_handle.unwrap_or_default(),
+                                    ..Default::default()
+                                });
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                }
+                if entries.is_empty() {
+                    continue;
+                }
+                let n = entries.len() as u64;
+                let ack = pb::AckMessageRequest {
+                    group: Some(resource(&group)),
+                    topic: Some(resource(&topic)),
+                    entries,
+                };
+                match c.ack_message(with_client_id(ack, &client_id)).await {
+                    Ok(r) if is_ok(&r.get_ref().status) => {
+                        done.fetch_add(n, Ordering::Relaxed);
+                        lat.push(t.elapsed());
+                        if let Ok(mut l) = last.lock() {
+                            *l = Instant::now();
+                        }
+                    }
+                    _ => {
+                        failed.fetch_add(n, Ordering::Relaxed);
+                    }
+                }
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap_or_default());
+    }
+    ticker.abort();
+    let elapsed = last_progress
+        .lock()
+        .map(|l| l.duration_since(t0))
+        .unwrap_or_else(|_| t0.elapsed());
+    Ok(Phase {
+        name: "v2 receive+ack",
+        messages: done.load(Ordering::Relaxed),
+        failed: failed.load(Ordering::Relaxed),
+        elapsed,
+        latency: summarize(&mut lat),
+    })
+}
+
+pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()> {
+    let (_cluster, ns) = setup(nameserver, &args.target).await?;
+    let topic = args.target.topic.clone();
+    let admin = Admin::connect(&ns)?;
+    let route = admin.route(&topic).await?;
+    let nodes: Vec<String> = route
+        .brokers
+        .iter()
+        .flat_map(|b| b.nodes.iter().map(|n| n.address.clone()))
+        .collect();
+    if nodes.is_empty() {
+        bail!("the route of {topic} lists no node");
+    }
+    let steal = StealMeter::start();
+    let shape = ProduceShape {
+        inflight: args.inflight,
+        ..Default::default()
+    };
+    eprintln!("v1 produce: {} messages of {} B", args.count, args.size);
+    let r =
+        crate::commands::bench::produce(&ns, &topic, args.count, args.size, shape, true).await?;
+    let v1 = Phase {
+        name: "v1 produce",
+        messages: r.acked,
+        failed: r.failed,
+        elapsed: r.elapsed,
+        latency: r.latency,
+    };
+    eprintln!(
+        "v2 send: {} messages over {} nodes",
+        args.count,
+        nodes.len()
+    );
+    let v2 = v2_send(&nodes, &topic, args.count, args.size, args.inflight).await?;
+    let total = v1.messages + v2.messages;
+    eprintln!(
+        "v2 receive+ack: {total} messages, {} consumers, batch {}",
+        args.consumers, args.batch
+    );
+    let pop = v2_receive_ack(&nodes, &topic, &args, total).await?;
+    let cpu_steal_pct = steal.pct();
+    let phases = [&v1, &v2, &pop];
+    let ratio = throughput(v2.messages, args.size, v2.elapsed).msgs_per_sec
+        / throughput(v1.messages, args.size, v1.elapsed)
+            .msgs_per_sec
+            .max(1e-9);
+    if json {
+        let v: Vec<_> = phases
+            .iter()
+            .map(|p| {
+                let t = throughput(p.messages, args.size, p.elapsed);
+                json!({
+                    "phase": p.name, "messages": p.messages, "failed": p.failed,
+                    "seconds": t.seconds, "msgs_per_sec": t.msgs_per_sec,
+                    "mb_per_sec": t.mb_per_sec, "latency_ms": p.latency,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json_line(&json!({
+                "bench": "pop", "size": args.size, "inflight": args.inflight,
+                "consumers": args.consumers, "batch": args.batch, "phases": v,
+                "v2_send_vs_v1_produce": ratio, "cpu_steal_pct": cpu_steal_pct,
+            }))
+        );
+    } else {
+        let rows: Vec<Vec<String>> = phases
+            .iter()
+            .map(|p| {
+                let t = throughput(p.messages, args.size, p.elapsed);
+                vec![
+                    p.name.to_string(),
+                    p.messages.to_string(),
+                    p.failed.to_string(),
+                    format!("{:.2}", t.seconds),
+                    format!("{:.0}", t.msgs_per_sec),
+                    format!("{:.2}", p.latency.p50_ms),
+                    format!("{:.2}", p.latency.p99_ms),
+                ]
+            })
+            .collect();
+        println!(
+            "{} B messages, {} in flight, {} consumers x batch {}",
+            args.size, args.inflight, args.consumers, args.batch
+        );
+        print!(
+            "{}",
+            table(
+                &[
+                    "PHASE", "MESSAGES", "FAILED", "SECONDS", "MSG/S", "P50 MS", "P99 MS"
+                ],
+                &rows
+            )
+        );
+        println!("v2 send / v1 produce: {:.0}%", ratio * 100.0);
+        if let Some(pct) = cpu_steal_pct {
+            println!("{}", steal_line(pct));
+        }
+    }
+    if pop.messages < total {
+        bail!(
+            "the receive phase acked {} of {total} messages before {} ms without progress",
+            pop.messages,
+            args.timeout_ms
+        );
+    }
+    Ok(())
+}

@@ -99,6 +99,8 @@ pub async fn serve(
     );
     front.auto_create_topics = node.cfg.rocketmq.auto_create_topics;
     front.body_bytes_max = node.cfg.limits.body_bytes_max as u64;
+    front.batch_messages_max = node.cfg.limits.batch_messages_max;
+    front.batch_bytes_max = node.cfg.limits.batch_bytes_max;
     let rocketmq_v2 = raftmq_rocketmq_v2::service(Arc::new(broker.clone()), front);
     let router = Routes::new(
         BrokerServiceServer::new(broker.clone())

@@ -12,7 +12,7 @@ use raftmq_proto::v1::{self, ErrorCode};
 use crate::pb::{self, Code};
 
 /// Everything a v2 request can fail with.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The broker (this node or another) answered the v1 request with an error.
     #[error("{0}")]

@@ -32,6 +32,7 @@
 //! # Crate map
 //! - [`pb`]: the generated v2 types and service stubs (`proto/apache/rocketmq/v2`).
 //! - [`service`]: [`Front`], the `MessagingService` implementation.
+//! - [`combine`]: folds concurrent sends to one queue into one v1 `Send` (one Raft entry).
 //! - [`forward`]: the one helper every forwarded v1 call goes through (in-process, leader, other
 //!   group; retried through an election) and the channel pool.
 //! - [`route`]: nameserver routes (cached) and the v2 queues built from them (pure).
@@ -40,6 +41,7 @@
 //! - [`codes`]: the crate's one error type and its one mapping to the v2 `Code`s.
 
 pub mod codes;
+pub mod combine;
 pub mod convert;
 pub mod forward;
 pub mod route;
@@ -75,6 +77,10 @@ pub struct FrontConfig {
     pub auto_create_topics: bool,
     /// The node's largest message body: Settings' `publishing.max_body_size` and the send check.
     pub body_bytes_max: u64,
+    /// The node's batch limits (messages, bytes): concurrent sends to one queue are folded into
+    /// one v1 `Send` within them.
+    pub batch_messages_max: usize,
+    pub batch_bytes_max: usize,
 }
 
 impl FrontConfig {
@@ -87,6 +93,8 @@ impl FrontConfig {
             nameservers,
             auto_create_topics: false,
             body_bytes_max: raftmq_proto::limits::BODY_BYTES_MAX as u64,
+            batch_messages_max: raftmq_proto::limits::BATCH_MESSAGES_MAX,
+            batch_bytes_max: raftmq_proto::limits::BATCH_BYTES_MAX,
         }
     }
 }

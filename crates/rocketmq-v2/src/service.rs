@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 
 use crate::FrontConfig;
 use crate::codes::{Error, code_of_v1, ok, status};
+use crate::combine;
 use crate::convert::{self, Delivery};
 use crate::forward::{Forwarder, Pool, Target};
 use crate::pb::{self, Code, messaging_service_server::MessagingService};
@@ -75,6 +76,8 @@ struct Inner<B> {
     /// The first idempotent producer id of this front (its lanes follow).
     producer_base: u64,
     sequence: AtomicU64,
+    /// Folds concurrent sends to one queue.
+    combiner: Arc<combine::Combiner>,
     rotation: AtomicUsize,
 }
 
@@ -169,6 +172,7 @@ impl<B: BrokerService> Front<B> {
                 clients: Mutex::default(),
                 producer_base: base,
                 sequence: AtomicU64::new(1),
+                combiner: Arc::default(),
                 rotation: AtomicUsize::new(0),
             }),
         }
@@ -394,7 +398,10 @@ impl<B: BrokerService> Inner<B> {
         }
     }
 
-    async fn send_message(&self, msgs: &[pb::Message]) -> Result<Vec<pb::SendResultEntry>, Error> {
+    async fn send_message(
+        self: &Arc<Self>,
+        msgs: &[pb::Message],
+    ) -> Result<Vec<pb::SendResultEntry>, Error> {
         if msgs.is_empty() {
             return Err(Error::bad_request("SendMessage carries no message"));
         }
@@ -445,21 +452,20 @@ impl<B: BrokerService> Inner<B> {
                 .push((i, stored));
         }
         let target = self.target_of_route(g);
+        let limits = combine::BatchLimits {
+            messages: self.cfg.batch_messages_max.max(1),
+            bytes: self.cfg.batch_bytes_max.max(1),
+        };
         let mut offsets = vec![0i64; msgs.len()];
         for (queue, items) in by_queue {
-            for chunk in items.chunks(raftmq_proto::limits::BATCH_MESSAGES_MAX) {
-                let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
-                let req = v1::SendRequest {
-                    topic: topic.clone(),
-                    queue,
-                    messages: chunk.iter().map(|(_, m)| m.clone()).collect(),
-                    producer_id: self.producer_base + seq % PRODUCER_LANES,
-                    sequence: seq,
-                };
-                let reply = self.fwd.call_ok(&target, req, CALL_TIMEOUT).await?;
-                for (k, (i, _)) in chunk.iter().enumerate() {
-                    offsets[*i] = reply.results.get(k).map_or(-1, |r| r.offset as i64);
-                }
+            let (idx, messages): (Vec<usize>, Vec<v1::Message>) = items.into_iter().unzip();
+            let send = self.batch_sender(target.clone(), topic.clone(), queue);
+            let got = self
+                .combiner
+                .send(&topic, queue, messages, limits, send)
+                .await?;
+            for (k, i) in idx.into_iter().enumerate() {
+                offsets[i] = got.get(k).map_or(-1, |o| *o as i64);
             }
         }
         Ok(msgs
@@ -472,6 +478,32 @@ impl<B: BrokerService> Inner<B> {
                 ..Default::default()
             })
             .collect())
+    }
+
+    /// Sends one folded batch to a queue as one idempotent v1 `Send` (retries reuse its
+    /// sequence, so a batch is stored once); the offsets of its messages, in order.
+    fn batch_sender(
+        self: &Arc<Self>,
+        target: Target,
+        topic: String,
+        queue: u32,
+    ) -> combine::SendBatch {
+        let me = self.clone();
+        Arc::new(move |messages: Vec<v1::Message>| {
+            let (me, target, topic) = (me.clone(), target.clone(), topic.clone());
+            Box::pin(async move {
+                let seq = me.sequence.fetch_add(1, Ordering::Relaxed);
+                let req = v1::SendRequest {
+                    topic,
+                    queue,
+                    messages,
+                    producer_id: me.producer_base + seq % PRODUCER_LANES,
+                    sequence: seq,
+                };
+                let reply = me.fwd.call_ok(&target, req, CALL_TIMEOUT).await?;
+                Ok(reply.results.iter().map(|r| r.offset).collect())
+            })
+        })
     }
 
     /// The queue of a message: the client's `queue_id` when it names one of the group's queues

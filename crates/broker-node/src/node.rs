@@ -53,6 +53,21 @@ pub struct Node {
     pub disk_full: AtomicBool,
     /// Wakes the dead-letter mover (a receive found messages out of attempts).
     pub dead_letters: tokio::sync::Notify,
+    /// Acks waiting to be folded into one `Ack` entry, per (group, topic).
+    pub ack_lanes: Mutex<HashMap<(String, String), AckLane>>,
+}
+
+/// Handles of one ack request and where its per-handle results go.
+pub type AckWaiter = (
+    Vec<(u32, u64, u64)>,
+    tokio::sync::oneshot::Sender<crate::error::Result<Vec<bool>>>,
+);
+
+/// The acks of one (group, topic) waiting for the entry in flight to commit.
+#[derive(Default)]
+pub struct AckLane {
+    pub waiting: Vec<AckWaiter>,
+    pub in_flight: bool,
 }
 
 impl Node {
@@ -68,6 +83,7 @@ impl Node {
             groups: Mutex::new(HashMap::new()),
             disk_full: AtomicBool::new(false),
             dead_letters: tokio::sync::Notify::new(),
+            ack_lanes: Mutex::new(HashMap::new()),
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {

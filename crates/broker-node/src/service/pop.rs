@@ -20,13 +20,15 @@ use super::Broker;
 use crate::command::{Command, Reply, StoredBody};
 use crate::config::check_name;
 use crate::error::{Error, Internal, Refused, Result};
-use crate::node::Node;
+use crate::node::{AckWaiter, Node};
 use crate::pop::{self, TagFilter, dlq_topic, format_handle, parse_handle};
 
 /// How many offsets past the cursor one receive looks at for messages matching its filter.
 const FILTER_SCAN_MAX: u64 = 65_536;
 /// A receive re-checks at least this often for deliveries whose deadline passed.
 const RECHECK: Duration = Duration::from_millis(200);
+/// Most handles one folded `Ack` entry carries.
+const ACKS_PER_ENTRY: usize = 4096;
 /// Dead letters moved per round of the mover.
 const DEAD_LETTERS_PER_ROUND: usize = 64;
 
@@ -279,18 +281,10 @@ impl Broker {
         let handles: Vec<(u32, u64, u64)> = parsed.iter().filter_map(|p| p.clone().ok()).collect();
         let mut acked = Vec::new().into_iter();
         if !handles.is_empty() {
-            let (_, reply) = self
-                .propose(Command::Ack {
-                    group: req.group.clone(),
-                    topic: req.topic.clone(),
-                    now_ms: wall_ms(),
-                    handles,
-                })
-                .await?;
-            let Reply::Acked(a) = reply else {
-                return Err(unexpected(reply));
-            };
-            acked = a.into_iter();
+            acked = self
+                .fold_ack(req.group.clone(), req.topic.clone(), handles)
+                .await?
+                .into_iter();
         }
         let results = req
             .receipt_handles
@@ -320,6 +314,97 @@ impl Broker {
             error: None,
             results,
         })
+    }
+
+    /// Acknowledges `handles` in one `Ack` entry shared with the other acks of the same group and
+    /// topic waiting meanwhile: the official clients ack one message per call, and one entry per
+    /// message would cost the group an entry each. The first ack goes at once; those arriving
+    /// while it is in flight go together next (at most [`ACKS_PER_ENTRY`] handles per entry). A
+    /// batch is proposed by a task of its own, so a caller that gives up strands no one.
+    async fn fold_ack(
+        &self,
+        group: String,
+        topic: String,
+        handles: Vec<(u32, u64, u64)>,
+    ) -> Result<Vec<bool>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let key = (group, topic);
+        let start = {
+            let mut lanes = self
+                .node
+                .ack_lanes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let lane = lanes.entry(key.clone()).or_default();
+            lane.waiting.push((handles, tx));
+            !std::mem::replace(&mut lane.in_flight, true)
+        };
+        if start {
+            let me = self.clone();
+            tokio::spawn(async move { me.drain_acks(key).await });
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(Internal::UnexpectedReply {
+                reply: "the ack batch carrying these handles was dropped".into(),
+            }
+            .into())
+        })
+    }
+
+    async fn drain_acks(&self, key: (String, String)) {
+        loop {
+            let batch: Vec<AckWaiter> = {
+                let mut lanes = self
+                    .node
+                    .ack_lanes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let Some(lane) = lanes.get_mut(&key) else {
+                    return;
+                };
+                if lane.waiting.is_empty() {
+                    lanes.remove(&key);
+                    return;
+                }
+                let mut n = 0;
+                let take = lane
+                    .waiting
+                    .iter()
+                    .take_while(|(h, _)| {
+                        n += h.len();
+                        n <= ACKS_PER_ENTRY || n == h.len()
+                    })
+                    .count()
+                    .max(1);
+                lane.waiting.drain(..take).collect()
+            };
+            let handles: Vec<(u32, u64, u64)> =
+                batch.iter().flat_map(|(h, _)| h.iter().copied()).collect();
+            let outcome = self
+                .propose(Command::Ack {
+                    group: key.0.clone(),
+                    topic: key.1.clone(),
+                    now_ms: wall_ms(),
+                    handles,
+                })
+                .await
+                .and_then(|(_, reply)| match reply {
+                    Reply::Acked(a) => Ok(a),
+                    other => Err(unexpected(other)),
+                });
+            let mut at = 0;
+            for (h, tx) in batch {
+                let mine = match &outcome {
+                    Ok(a) => Ok(a
+                        .get(at..at + h.len())
+                        .map(<[bool]>::to_vec)
+                        .unwrap_or_default()),
+                    Err(e) => Err(e.clone()),
+                };
+                at += h.len();
+                let _ = tx.send(mine);
+            }
+        }
     }
 
     pub(super) async fn change_invisible(

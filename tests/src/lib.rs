@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 pub mod biglog;
 pub mod history;
 pub mod proxy;
+pub mod rocketmq5;
 
 /// The directory holding this workspace's binaries (target/debug or target/release).
 pub fn bin_dir() -> PathBuf {

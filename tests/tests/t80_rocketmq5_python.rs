@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use raftmq_cli::local_cluster::log_tail;
 use raftmq_proto::v1::*;
+use raftmq_tests::rocketmq5::{by_id, list, str_of, wait_for_progress};
 use raftmq_tests::*;
 use serde_json::Value;
 
@@ -171,18 +172,6 @@ fn args(pairs: &[(&str, &str)]) -> Vec<String> {
         .collect()
 }
 
-fn list<'a>(v: &'a Value, key: &str) -> &'a Vec<Value> {
-    v[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("no list {key:?} in {v}"))
-}
-
-fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key]
-        .as_str()
-        .unwrap_or_else(|| panic!("no string {key:?} in {v}"))
-}
-
 fn hex_bytes(hex: &str) -> Vec<u8> {
     assert!(hex.len().is_multiple_of(2), "odd hex {hex}");
     (0..hex.len())
@@ -324,15 +313,6 @@ fn assert_same_message(sent: &Value, got: &Value) {
         Value::Bool(true),
         "{id} has no receipt handle"
     );
-}
-
-/// The received deliveries of `out` grouped by message id.
-fn by_id(deliveries: &[Value]) -> BTreeMap<String, Vec<&Value>> {
-    let mut m: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for d in deliveries {
-        m.entry(str_of(d, "id").to_string()).or_default().push(d);
-    }
-    m
 }
 
 /// 81. Messages sent by the official Producer with a tag, two keys and three user properties are
@@ -706,18 +686,7 @@ async fn t87_leader_sigkill_during_send_loop_every_acked_send_received_once() {
             ("max-seconds", "120"),
         ]),
     );
-    let read_progress = || {
-        std::fs::read_to_string(&progress)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    wait_for(
-        "60 successful sends before the kill",
-        Duration::from_secs(90),
-        || async { (read_progress() >= 60).then_some(()) },
-    )
-    .await;
+    wait_for_progress(&progress, 60, Duration::from_secs(90)).await;
     c.kill(leader);
     std::fs::write(&marker, b"killed").unwrap();
     let out = finish_script(&c, "send_loop.py", child, Duration::from_secs(180)).await;

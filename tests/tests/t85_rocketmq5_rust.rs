@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use raftmq_cli::local_cluster::log_tail;
+use raftmq_tests::rocketmq5::{by_id, list, str_of, wait_for_progress};
 use raftmq_tests::*;
 use serde_json::Value;
 
@@ -171,18 +172,6 @@ async fn run_client(
     finish(c, run, limit).await
 }
 
-fn list<'a>(v: &'a Value, key: &str) -> &'a Vec<Value> {
-    v[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("no list {key:?} in {v}"))
-}
-
-fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
-    v[key]
-        .as_str()
-        .unwrap_or_else(|| panic!("no string {key:?} in {v}"))
-}
-
 fn s(v: impl ToString) -> String {
     v.to_string()
 }
@@ -306,15 +295,6 @@ async fn receive_raw(c: &Cluster, name: &str, topic: &str, r: Receive<'_>) -> Va
         Duration::from_secs(r.wait_secs as u64 + 60),
     )
     .await
-}
-
-/// Deliveries grouped by message id.
-fn by_id(deliveries: &[Value]) -> BTreeMap<String, Vec<&Value>> {
-    let mut m: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
-    for d in deliveries {
-        m.entry(str_of(d, "id").to_string()).or_default().push(d);
-    }
-    m
 }
 
 /// Asserts that `got` (a delivery) carries exactly what `sent` was sent with: id, topic, body
@@ -499,18 +479,7 @@ async fn t85_4_leader_sigkill_during_send_loop_every_acked_send_received_once() 
             ("progress-file", progress.to_str().unwrap().to_string()),
         ],
     );
-    let read_progress = || {
-        std::fs::read_to_string(&progress)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    wait_for(
-        "60 successful sends before the kill",
-        Duration::from_secs(60),
-        || async { (read_progress() >= 60).then_some(()) },
-    )
-    .await;
+    wait_for_progress(&progress, 60, Duration::from_secs(60)).await;
     let killed_at = now_ms();
     c.kill(leader);
     let out = finish(&c, run, Duration::from_secs(90)).await;

@@ -91,14 +91,50 @@ impl QueueState {
             .filter(|r| r.first_offset <= offset)
     }
 
-    /// The tag hash of the message at `offset`, if it is still indexed.
-    pub fn tag_hash_at(&self, offset: u64) -> Option<u32> {
-        let r = self.find(offset)?;
-        if r.tag_hash != TAGS_MIXED {
-            return Some(r.tag_hash);
+    /// Walks the indexed offsets from `from` (up to `end`), calling `visit(offset)` for each whose
+    /// tag hash `may_match` accepts, until `visit` returns false. A run of one tag that does not
+    /// match is skipped whole; offsets no longer indexed are passed over. Returns the offset after
+    /// the last one looked at (`end` when `visit` never stopped the walk).
+    pub fn scan_tags(
+        &self,
+        from: u64,
+        end: u64,
+        may_match: impl Fn(u32) -> bool,
+        mut visit: impl FnMut(u64) -> bool,
+    ) -> u64 {
+        let first = self
+            .runs
+            .partition_point(|r| r.first_offset + r.count as u64 <= from);
+        let mut o = from;
+        for r in &self.runs[first..] {
+            if o >= end {
+                break;
+            }
+            o = o.max(r.first_offset);
+            let run_end = (r.first_offset + r.count as u64).min(end);
+            if r.tag_hash != TAGS_MIXED {
+                if !may_match(r.tag_hash) {
+                    o = run_end;
+                    continue;
+                }
+                while o < run_end {
+                    o += 1;
+                    if !visit(o - 1) {
+                        return o;
+                    }
+                }
+            } else {
+                let each = self.mixed_tags.get(&r.first_offset);
+                while o < run_end {
+                    let h = each.and_then(|e| e.get((o - r.first_offset) as usize));
+                    o += 1;
+                    if h.is_some_and(|h| may_match(*h)) && !visit(o - 1) {
+                        return o;
+                    }
+                }
+            }
         }
-        let each = self.mixed_tags.get(&r.first_offset)?;
-        each.get((offset - r.first_offset) as usize).copied()
+        end.max(from)
     }
 
     /// Appends a run of `messages` stored by entry `index`; returns its first offset.
@@ -266,13 +302,12 @@ impl BrokerState {
                     for q in &mut t.queues {
                         let keep = q.runs.partition_point(|r| r.log_index <= upto_log_index);
                         q.runs.drain(..keep);
-                        let first_kept = q.runs.first().map_or(q.next_offset, |r| r.first_offset);
-                        q.mixed_tags = q.mixed_tags.split_off(&first_kept);
                         let first = q
                             .runs
                             .first()
                             .map(|r| r.first_offset)
                             .unwrap_or(q.next_offset);
+                        q.mixed_tags = q.mixed_tags.split_off(&first);
                         q.min_offset = q.min_offset.max(first);
                     }
                 }
@@ -719,6 +754,61 @@ mod tests {
                 ..
             }
         ));
+    }
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    fn body(tag: &'static str) -> BodyView<'static> {
+        BodyView {
+            key: "",
+            tag,
+            body: b"x",
+            properties: vec![],
+        }
+    }
+
+    /// A queue of runs: [A A] [B B B] [A B] (offsets 0-1, 2-4, 5-6), the first trimmed away.
+    fn queue(trim_first: bool) -> QueueState {
+        let mut q = QueueState::default();
+        q.append(1, &[body("A"), body("A")]);
+        q.append(2, &[body("B"), body("B"), body("B")]);
+        q.append(3, &[body("A"), body("B")]);
+        if trim_first {
+            q.runs.remove(0);
+        }
+        q
+    }
+
+    fn scan(q: &QueueState, from: u64, end: u64, tag: &str, max: usize) -> (Vec<u64>, u64) {
+        let want = pop::tag_hash(tag);
+        let mut got = Vec::new();
+        let next = q.scan_tags(
+            from,
+            end,
+            |h| h == want,
+            |o| {
+                got.push(o);
+                got.len() < max
+            },
+        );
+        (got, next)
+    }
+
+    /// The tag index finds exactly the offsets of a tag in uniform and mixed runs, stops where the
+    /// visitor says (the cursor just past the last pick), and passes over what is not indexed.
+    #[test]
+    fn scan_tags_finds_a_tags_offsets_and_stops_where_asked() {
+        let q = queue(false);
+        assert_eq!(scan(&q, 0, 7, "A", 10), (vec![0, 1, 5], 7));
+        assert_eq!(scan(&q, 0, 7, "B", 10), (vec![2, 3, 4, 6], 7));
+        assert_eq!(scan(&q, 0, 7, "B", 2), (vec![2, 3], 4));
+        assert_eq!(scan(&q, 3, 6, "B", 10), (vec![3, 4], 6));
+        assert_eq!(scan(&q, 0, 7, "C", 10), (vec![], 7));
+        assert_eq!(scan(&q, 7, 7, "A", 10), (vec![], 7));
+        assert_eq!(scan(&queue(true), 0, 7, "A", 10), (vec![5], 7));
     }
 }
 

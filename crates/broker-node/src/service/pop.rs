@@ -25,6 +25,9 @@ use crate::pop::{self, TagFilter, dlq_topic, format_handle, parse_handle};
 
 /// How many offsets past the cursor one receive looks at for messages matching its filter.
 const FILTER_SCAN_MAX: u64 = 65_536;
+/// Offsets a receive that found nothing to hand out moves its cursors over before it proposes
+/// the move alone (it always does at the end of its wait).
+const ADVANCE_ONLY_MIN: u64 = 4096;
 /// A receive re-checks at least this often for deliveries whose deadline passed.
 const RECHECK: Duration = Duration::from_millis(200);
 /// Most handles one folded `Ack` entry carries.
@@ -50,11 +53,17 @@ struct Plan {
     advance: Vec<(u32, u64)>,
     /// The earliest deadline among the group's deliveries in flight, to wake up for.
     next_deadline: Option<u64>,
+    /// Offsets the cursors move over (picked or not matching the filter).
+    skipped: u64,
 }
 
 impl Plan {
-    fn is_empty(&self) -> bool {
-        self.picks.is_empty() && self.advance.is_empty()
+    /// Whether to propose it: anything to hand out, or cursors to move far enough (or at the end
+    /// of the wait) to be worth an entry. A group whose filter matches little would otherwise
+    /// propose an entry for every apply that wakes its waiting receives.
+    fn worth_proposing(&self, last_look: bool) -> bool {
+        !self.picks.is_empty()
+            || (!self.advance.is_empty() && (last_look || self.skipped >= ADVANCE_ONLY_MIN))
     }
 }
 
@@ -120,17 +129,23 @@ impl Broker {
                 }
             }
             let next = pq.map_or(qs.min_offset, |p| p.next).max(qs.min_offset);
-            let mut o = next;
-            let end = qs.next_offset.min(next + FILTER_SCAN_MAX);
-            while o < end && plan.picks.len() < max {
-                // An offset this node no longer indexes cannot be read here either: skipped.
-                if qs.tag_hash_at(o).is_some_and(|h| filter.may_match(h)) {
-                    plan.picks.push((q, o));
-                }
-                o += 1;
+            if plan.picks.len() >= max {
+                continue;
             }
+            // An offset this node no longer indexes cannot be read here either: passed over.
+            let end = qs.next_offset.min(next + FILTER_SCAN_MAX);
+            let o = qs.scan_tags(
+                next,
+                end,
+                |h| filter.may_match(h),
+                |o| {
+                    plan.picks.push((q, o));
+                    plan.picks.len() < max
+                },
+            );
             if o > next {
                 plan.advance.push((q, o));
+                plan.skipped += o - next;
             }
         }
         Ok(plan)
@@ -168,7 +183,8 @@ impl Broker {
         loop {
             let now = wall_ms();
             let plan = self.plan_pop(&req.group, &req.topic, req.queue, max, &filter, now)?;
-            if !plan.is_empty() {
+            let last_look = Instant::now() >= deadline;
+            if plan.worth_proposing(last_look) {
                 let (_, reply) = self
                     .propose(Command::Pop {
                         group: req.group.clone(),
@@ -194,7 +210,7 @@ impl Broker {
                 let messages = self
                     .deliver(&req.group, &req.topic, &filter, issued, delivered)
                     .await?;
-                if !messages.is_empty() {
+                if !messages.is_empty() || last_look {
                     return Ok(PopResponse {
                         error: None,
                         messages,

@@ -361,6 +361,36 @@ impl PopConsumer {
         self.target = self.addrs[self.rr % self.addrs.len()].clone();
     }
 
+    /// Where to go after an error reply other than the ones the caller handles itself: the
+    /// leader a `NOT_LEADER` names (or the next node), the next node after `BUSY` (nothing
+    /// applied), or the next node with the outcome unknown.
+    fn refused(&mut self, e: &Option<raftmq_proto::v1::Error>, by: &str) -> Next {
+        match e.as_ref().map(|e| e.code()) {
+            Some(ErrorCode::NotLeader) if self.follow(e) => Next::Done,
+            Some(ErrorCode::NotLeader) => Next::Clean(format!("NOT_LEADER from {by}")),
+            Some(ErrorCode::Busy) => Next::Clean(format!("{e:?}")),
+            _ => Next::Ambiguous(format!("{e:?} from {by}")),
+        }
+    }
+
+    /// Waits before the next attempt: briefly at a followed leader (`Next::Done`), else records
+    /// why the attempt failed (and whether it may have applied) and moves to the next node.
+    async fn retry(&mut self, next: Next, last: &mut String, ambiguous: &mut bool) {
+        match next {
+            Next::Done => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                return;
+            }
+            Next::Clean(w) => *last = w,
+            Next::Ambiguous(w) => {
+                *ambiguous = true;
+                *last = w;
+            }
+        }
+        self.next_node();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     /// Follows a `NOT_LEADER` hint; false when it names no other node.
     fn follow(&mut self, e: &Option<raftmq_proto::v1::Error>) -> bool {
         match e.as_ref().and_then(|e| e.leader.as_ref()) {
@@ -550,34 +580,14 @@ impl PopConsumer {
                                 Answer::Invalid(why)
                             };
                         }
-                        ErrorCode::NotLeader => {
-                            if self.follow(&r.error) {
-                                Next::Done
-                            } else {
-                                Next::Clean(format!("NOT_LEADER from {by}"))
-                            }
-                        }
-                        ErrorCode::Busy => Next::Clean(format!("{:?}", r.error)),
-                        _ => Next::Ambiguous(format!("{:?} from {by}", r.error)),
+                        _ => self.refused(&r.error, &by),
                     }
                 }
                 Ok(Err(s)) if never_sent(&s) => Next::Clean(format!("{} from {by}", s.message())),
                 Ok(Err(s)) => Next::Ambiguous(format!("{} from {by}", s.message())),
                 Err(_) => Next::Ambiguous(format!("timeout at {by}")),
             };
-            match next {
-                Next::Done => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-                Next::Clean(w) => last = w,
-                Next::Ambiguous(w) => {
-                    ambiguous = true;
-                    last = w;
-                }
-            }
-            self.next_node();
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.retry(next, &mut last, &mut ambiguous).await;
         };
         let (new_handle, until) = match result {
             Some((h, u)) => (Some(h), Some(u)),
@@ -655,34 +665,14 @@ impl PopConsumer {
                             );
                             break vec![Answer::Unknown(why); handles.len()];
                         }
-                        ErrorCode::NotLeader => {
-                            if self.follow(&r.error) {
-                                Next::Done
-                            } else {
-                                Next::Clean(format!("NOT_LEADER from {by}"))
-                            }
-                        }
-                        ErrorCode::Busy => Next::Clean(format!("{:?}", r.error)),
-                        _ => Next::Ambiguous(format!("{:?} from {by}", r.error)),
+                        _ => self.refused(&r.error, &by),
                     }
                 }
                 Ok(Err(s)) if never_sent(&s) => Next::Clean(format!("{} from {by}", s.message())),
                 Ok(Err(s)) => Next::Ambiguous(format!("{} from {by}", s.message())),
                 Err(_) => Next::Ambiguous(format!("timeout at {by}")),
             };
-            match next {
-                Next::Done => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-                Next::Clean(w) => last = w,
-                Next::Ambiguous(w) => {
-                    ambiguous = true;
-                    last = w;
-                }
-            }
-            self.next_node();
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.retry(next, &mut last, &mut ambiguous).await;
         };
         let end = self.hist.now();
         let mut p = lock(&self.hist.pop);

@@ -153,6 +153,18 @@ pub struct Config {
     /// DLedger's preferredLeaderId: the leader hands leadership to this node whenever it is a
     /// caught-up, reachable voter. Unset: no preference.
     pub preferred_leader: Option<u64>,
+    /// The pod's name under an orchestrator (`broker-a-2`): with `node_id` unset, the node id is
+    /// its trailing ordinal + 1.
+    pub pod_name: Option<String>,
+    /// A `host:port` with `{ordinal}` in it (`broker-a-{ordinal}.broker-a:10911`): with `peers`
+    /// empty, the peers are ids 1..=`group_size` at this template with ordinal = id − 1, and with
+    /// `advertise` unset this node advertises the template at its own ordinal.
+    pub peer_template: String,
+    /// The number of members `peer_template` describes.
+    pub group_size: u32,
+    /// On SIGTERM a leader hands leadership to a caught-up follower and waits up to this long for
+    /// it to take over before stopping (a follower stops at once). 0: no hand-over.
+    pub shutdown_drain_ms: u64,
     pub raft: RaftConfig,
     pub limits: Limits,
     pub read_hint: ReadHintConfig,
@@ -175,6 +187,10 @@ impl Default for Config {
             register_interval_ms: 30_000,
             log_json: false,
             preferred_leader: None,
+            pod_name: None,
+            peer_template: String::new(),
+            group_size: 0,
+            shutdown_drain_ms: 10_000,
             raft: RaftConfig::default(),
             limits: Limits::default(),
             read_hint: ReadHintConfig::default(),
@@ -240,6 +256,58 @@ impl Config {
             .filter(|s| !s.is_empty())
             .map(String::from)
             .collect()
+    }
+
+    /// Fills `node_id`, `peers` and `advertise` from `pod_name`, `peer_template` and `group_size`
+    /// where they are unset (a StatefulSet's pods share one config and differ only by name).
+    pub fn apply_pod_identity(&mut self) -> Result<(), ConfigError> {
+        let ordinal = match &self.pod_name {
+            Some(name) if !name.is_empty() => Some(
+                name.rsplit_once('-')
+                    .and_then(|(_, n)| n.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        invalid(
+                            "pod_name",
+                            format!("{name:?} does not end in -ORDINAL (as broker-a-0)"),
+                        )
+                    })?,
+            ),
+            _ => None,
+        };
+        if self.node_id == 0
+            && let Some(o) = ordinal
+        {
+            self.node_id = o + 1;
+        }
+        if self.peer_template.is_empty() {
+            return Ok(());
+        }
+        if !self.peer_template.contains("{ordinal}") {
+            return Err(invalid(
+                "peer_template",
+                format!("{:?} has no {{ordinal}} in it", self.peer_template),
+            ));
+        }
+        if self.group_size == 0 {
+            return Err(invalid(
+                "group_size",
+                "must be 1 or more when peer_template is set",
+            ));
+        }
+        let at = |ordinal: u64| {
+            self.peer_template
+                .replace("{ordinal}", &ordinal.to_string())
+        };
+        if self.peers.is_empty() {
+            self.peers = (1..=u64::from(self.group_size))
+                .map(|id| format!("{id}={}", at(id - 1)))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        if self.advertise.is_none() && self.node_id > 0 {
+            self.advertise = Some(at(self.node_id - 1));
+        }
+        Ok(())
     }
 
     /// The address peers and clients reach this node at.
@@ -382,6 +450,18 @@ pub struct Args {
     /// Hand leadership to this node whenever it is caught up (DLedger's preferredLeaderId).
     #[arg(long, env = "RAFTMQ_PREFERRED_LEADER")]
     pub preferred_leader: Option<u64>,
+    /// The pod's name (`broker-a-2`): node id = its trailing ordinal + 1 when --node-id is unset.
+    #[arg(long, env = "RAFTMQ_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// Peers and advertised address from a template: "broker-a-{ordinal}.broker-a:10911".
+    #[arg(long, env = "RAFTMQ_PEER_TEMPLATE")]
+    pub peer_template: Option<String>,
+    /// Members the peer template describes.
+    #[arg(long, env = "RAFTMQ_GROUP_SIZE")]
+    pub group_size: Option<u32>,
+    /// Longest wait, on SIGTERM, for a follower to take over leadership (0: no hand-over).
+    #[arg(long, env = "RAFTMQ_SHUTDOWN_DRAIN_MS")]
+    pub shutdown_drain_ms: Option<u64>,
     /// UNSAFE flush mode for benchmarks only: acknowledge before fsync (loses data on power loss).
     #[arg(long, env = "RAFTMQ_FLUSH_MODE")]
     pub flush_mode: Option<String>,
@@ -404,6 +484,10 @@ impl Args {
         set(&mut c.data_dir, self.data_dir);
         set(&mut c.register_interval_ms, self.register_interval_ms);
         set(&mut c.preferred_leader, self.preferred_leader.map(Some));
+        set(&mut c.pod_name, self.pod_name.map(Some));
+        set(&mut c.peer_template, self.peer_template);
+        set(&mut c.group_size, self.group_size);
+        set(&mut c.shutdown_drain_ms, self.shutdown_drain_ms);
         set(
             &mut c.read_hint.leader_busy_msgs_per_sec,
             self.leader_busy_msgs_per_sec,
@@ -421,6 +505,7 @@ impl Args {
             };
         }
         c.log_json |= self.log_json;
+        c.apply_pod_identity()?;
         c.validate()?;
         Ok(c)
     }
@@ -510,5 +595,53 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.read_hint, ReadHintConfig::default());
         assert_eq!(c.retention, Retention::default());
+    }
+
+    #[test]
+    fn a_statefulset_pod_finds_its_id_peers_and_address_from_its_name() {
+        let mut c = Config {
+            pod_name: Some("broker-a-2".into()),
+            peer_template: "broker-a-{ordinal}.broker-a.ns.svc:10911".into(),
+            group_size: 3,
+            ..Config::default()
+        };
+        c.apply_pod_identity().unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(
+            c.peers,
+            "1=broker-a-0.broker-a.ns.svc:10911,2=broker-a-1.broker-a.ns.svc:10911,\
+             3=broker-a-2.broker-a.ns.svc:10911"
+        );
+        assert_eq!(c.advertised(), "broker-a-2.broker-a.ns.svc:10911");
+        c.validate().unwrap();
+
+        // What is set explicitly wins.
+        let mut c = Config {
+            node_id: 7,
+            pod_name: Some("broker-a-0".into()),
+            peers: "7=x:1".into(),
+            advertise: Some("y:2".into()),
+            peer_template: "b-{ordinal}:1".into(),
+            group_size: 3,
+            ..Config::default()
+        };
+        c.apply_pod_identity().unwrap();
+        assert_eq!((c.node_id, c.peers.as_str()), (7, "7=x:1"));
+        assert_eq!(c.advertised(), "y:2");
+
+        for (pod, template, size, key) in [
+            ("broker", "", 0, "`pod_name`"),
+            ("broker-a-0", "no-ordinal:1", 3, "`peer_template`"),
+            ("broker-a-0", "b-{ordinal}:1", 0, "`group_size`"),
+        ] {
+            let mut c = Config {
+                pod_name: Some(pod.into()),
+                peer_template: template.into(),
+                group_size: size,
+                ..Config::default()
+            };
+            let e = c.apply_pod_identity().unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 }

@@ -46,6 +46,9 @@ use tonic::service::Routes;
 
 pub use config::{Args, Config};
 
+/// How long calls under way may take to finish once a node stops taking new ones.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// Starts the node and serves until `shutdown` completes.
 pub async fn serve(
     cfg: Config,
@@ -125,9 +128,22 @@ pub async fn serve(
             )
         }),
     );
+    // A graceful stop hands leadership over first, while this node still serves (forwarding,
+    // replies to sends in flight). Then the server stops taking calls and gets a short grace for
+    // the ones under way: streams that never end on their own (a new leader's append stream to
+    // this node, a consumer's long poll) would otherwise hold the process forever.
+    let drain_node = node.clone();
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let stopping_tx = stopping.clone();
+    let shutdown = async move {
+        shutdown.await;
+        let max = Duration::from_millis(drain_node.cfg.shutdown_drain_ms);
+        preferred::drain(&drain_node, max).await;
+        stopping_tx.notify_one();
+    };
     tracing::info!(node_id = node.cfg.node_id, broker = %node.cfg.broker, advertise = %node.address, "listening on {local}");
     println!("listening on {local}");
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .accept_http1(true)
         .tcp_nodelay(true)
         .initial_stream_window_size(8 << 20)
@@ -141,8 +157,14 @@ pub async fn serve(
         .serve_with_incoming_shutdown(
             raftmq_raft_log::network::incoming_nodelay(listener),
             shutdown,
-        )
-        .await?;
+        );
+    tokio::select! {
+        r = server => r?,
+        _ = async {
+            stopping.notified().await;
+            tokio::time::sleep(STOP_GRACE).await;
+        } => tracing::info!("calls still open after the stop grace; closing them"),
+    }
     node.member.shutdown().await;
     Ok(())
 }

@@ -40,6 +40,55 @@ pub fn spawn(node: Arc<Node>) {
     });
 }
 
+/// The follower to hand leadership to before this leader stops: a caught-up voter that answered
+/// within the election timeout (the most recently heard from first); `None` when not leading.
+pub fn drain_target(st: &Status, election_timeout_ms: u64) -> Option<u64> {
+    if st.role != Role::Leader {
+        return None;
+    }
+    st.peers
+        .iter()
+        .filter(|p| p.node_id != st.node_id && st.voters.contains(&p.node_id))
+        .filter(|p| p.lag == 0 && p.last_ack_ms.is_some_and(|ms| ms < election_timeout_ms))
+        .min_by_key(|p| p.last_ack_ms)
+        .map(|p| p.node_id)
+}
+
+/// On a graceful stop (SIGTERM): while this node leads, hands leadership to a caught-up follower
+/// and waits until it no longer leads, for at most `max`. Clients then see a planned hand-over
+/// (one redirect) rather than an election timeout. A follower returns at once.
+pub async fn drain(node: &Node, max: Duration) {
+    if max.is_zero() || node.member.status().role != Role::Leader {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    tracing::info!(
+        max_ms = max.as_millis() as u64,
+        "stopping: handing leadership to a caught-up follower first"
+    );
+    while t0.elapsed() < max {
+        let st = node.member.status();
+        if st.role != Role::Leader {
+            tracing::info!(
+                leader = ?st.leader,
+                ms = t0.elapsed().as_millis() as u64,
+                "leadership handed over; stopping"
+            );
+            return;
+        }
+        if let Some(to) = drain_target(&st, node.election_timeout_ms())
+            && let Err(e) = node.member.transfer_leader(to).await
+        {
+            tracing::debug!(to, error = %e, "hand-over not done yet; retrying");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::warn!(
+        ms = t0.elapsed().as_millis() as u64,
+        "no follower took over leadership in time; stopping as leader"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +122,30 @@ mod tests {
             millis_since_leader_contact: Some(0),
             catch_up: None,
         }
+    }
+
+    #[test]
+    fn a_stopping_leader_hands_over_to_a_caught_up_reachable_voter_only() {
+        assert_eq!(
+            drain_target(&status(Role::Leader, 1, 0, Some(10)), 300),
+            Some(2)
+        );
+        assert_eq!(
+            drain_target(&status(Role::Leader, 1, 3, Some(10)), 300),
+            None
+        );
+        assert_eq!(
+            drain_target(&status(Role::Leader, 1, 0, Some(900)), 300),
+            None
+        );
+        assert_eq!(drain_target(&status(Role::Leader, 1, 0, None), 300), None);
+        assert_eq!(
+            drain_target(&status(Role::Follower, 1, 0, Some(10)), 300),
+            None
+        );
+        let mut learner = status(Role::Leader, 1, 0, Some(10));
+        learner.voters = [1, 3].into();
+        assert_eq!(drain_target(&learner, 300), None);
     }
 
     #[test]

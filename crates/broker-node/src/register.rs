@@ -45,23 +45,104 @@ fn fingerprint(node: &Node) -> (String, u64, Option<u64>, u64) {
     (st.role.as_str().to_string(), st.term, st.leader, tv)
 }
 
-pub fn spawn(node: Arc<Node>) {
-    let channels: Vec<(String, Channel)> = node
-        .cfg
-        .nameserver_list()
-        .into_iter()
-        .filter_map(|ns| {
-            let uri = if ns.starts_with("http") { ns.clone() } else { format!("http://{ns}") };
-            match Endpoint::from_shared(uri) {
-                Ok(ep) => Some((ns, ep.connect_timeout(Duration::from_millis(500)).timeout(Duration::from_secs(2)).connect_lazy())),
-                Err(e) => {
-                    tracing::error!(nameserver = %ns, error = %e, "bad nameserver address; not registering with it");
-                    None
-                }
+/// How often `dns:` nameserver entries are resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+fn channel(addr: &str) -> Option<Channel> {
+    let uri = if addr.starts_with("http") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    match Endpoint::from_shared(uri) {
+        Ok(ep) => Some(
+            ep.connect_timeout(Duration::from_millis(500))
+                .timeout(Duration::from_secs(2))
+                .connect_lazy(),
+        ),
+        Err(e) => {
+            tracing::error!(nameserver = %addr, error = %e, "bad nameserver address; not registering with it");
+            None
+        }
+    }
+}
+
+/// The nameservers to register with: fixed `host:port` entries, and `dns:NAME:PORT` entries that
+/// stand for every address NAME resolves to (a Kubernetes headless Service in front of a
+/// Deployment of nameservers), resolved again every few seconds.
+struct Nameservers {
+    fixed: Vec<(String, Channel)>,
+    dns: Vec<String>,
+    resolved: std::collections::BTreeMap<String, Channel>,
+    resolved_at: Option<Instant>,
+}
+
+impl Nameservers {
+    fn new(list: Vec<String>) -> Self {
+        let (dns, fixed): (Vec<_>, Vec<_>) =
+            list.into_iter().partition(|ns| ns.starts_with("dns:"));
+        Nameservers {
+            fixed: fixed
+                .into_iter()
+                .filter_map(|ns| channel(&ns).map(|c| (ns, c)))
+                .collect(),
+            dns: dns
+                .into_iter()
+                .map(|d| d.trim_start_matches("dns:").to_string())
+                .collect(),
+            resolved: Default::default(),
+            resolved_at: None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.fixed.is_empty() && self.dns.is_empty()
+    }
+
+    /// Resolves the `dns:` entries when due; true when the set of addresses changed.
+    async fn refresh(&mut self) -> bool {
+        if self.dns.is_empty()
+            || self
+                .resolved_at
+                .is_some_and(|t| t.elapsed() < RESOLVE_EVERY)
+        {
+            return false;
+        }
+        self.resolved_at = Some(Instant::now());
+        let mut now = std::collections::BTreeSet::new();
+        for name in &self.dns {
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addrs) => now.extend(addrs.map(|a| a.to_string())),
+                Err(e) => tracing::debug!(nameserver = %name, error = %e, "cannot resolve"),
             }
-        })
-        .collect();
-    if channels.is_empty() {
+        }
+        let before: std::collections::BTreeSet<_> = self.resolved.keys().cloned().collect();
+        if before == now {
+            return false;
+        }
+        tracing::info!(nameservers = ?now, "nameserver addresses resolved");
+        self.resolved.retain(|a, _| now.contains(a));
+        for a in now {
+            if !self.resolved.contains_key(&a)
+                && let Some(c) = channel(&a)
+            {
+                self.resolved.insert(a, c);
+            }
+        }
+        true
+    }
+
+    fn all(&self) -> impl Iterator<Item = (&String, &Channel)> {
+        self.fixed
+            .iter()
+            .map(|(a, c)| (a, c))
+            .chain(self.resolved.iter())
+    }
+}
+
+pub fn spawn(node: Arc<Node>) {
+    let mut nameservers = Nameservers::new(node.cfg.nameserver_list());
+    if nameservers.is_empty() {
         return;
     }
     let interval = Duration::from_millis(node.cfg.register_interval_ms);
@@ -70,10 +151,13 @@ pub fn spawn(node: Arc<Node>) {
         let mut last_fp = None;
         let mut last_sent = Instant::now() - interval;
         loop {
+            if nameservers.refresh().await {
+                last_fp = None;
+            }
             let fp = fingerprint(&node);
             if Some(&fp) != last_fp.as_ref() || last_sent.elapsed() >= interval {
                 let req = request(&node);
-                let calls = channels.iter().map(|(ns, ch)| {
+                let calls = nameservers.all().map(|(ns, ch)| {
                     let mut c = NameserverServiceClient::new(ch.clone());
                     let req = req.clone();
                     async move {

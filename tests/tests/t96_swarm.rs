@@ -1,0 +1,1168 @@
+//! Swarm test: `deploy/swarm/raftmq-stack.yml` on a real single-node Docker Swarm, under a running
+//! producer.
+//!
+//! 1. `docker kill` the leader's task container: Swarm starts a new task on the same volume, it
+//!    rejoins the group and catches up.
+//! 2. Every broker service is rolled to another image tag (`docker service update --image`), one
+//!    service after the other: each update waits for the new task's health check (liveness, see
+//!    the stack file for why not readiness), then the test waits for the node's readiness
+//!    (`raftmq-health --service raftmq.v1.BrokerService` in the task) before the next service.
+//!    No acknowledged message is lost, the longest time without an acknowledgement of each step is
+//!    at most [`GAP_MAX`], and at no poll of `cluster status` were fewer than two members caught up.
+//!
+//! Figures per step are printed as a table (`SWARM` lines).
+//!
+//! When it runs:
+//! - a Docker engine answers (`docker info`): it runs and fails on any problem. If the engine is not
+//!   in a swarm, the test runs `docker swarm init` itself and `docker swarm leave --force` at the
+//!   end;
+//! - no engine answers and `CI=true`: it fails;
+//! - no engine answers otherwise, or `RAFTMQ_DEPLOY_TESTS=skip` outside CI: it passes after
+//!   printing why it skipped.
+//!
+//! It needs the image `raftmq:latest` (or `RAFTMQ_IMAGE`); when missing it is built with
+//! `deploy/build-image.sh` (unless `RAFTMQ_DEPLOY_BUILD=0`). The stack (`rmqs-<pid>`) and its
+//! volumes are always removed at the end, by a drop guard, also when the test fails.
+//!
+//! The producer is the image's own `raftmq produce --json`, run as a container on the stack's
+//! attachable overlay network (the nodes advertise `a1:10911`..., names only that network
+//! resolves). It prints one JSON line per acknowledged message, as soon as it is acknowledged; the
+//! test stamps each line with the time it reads it. Every wait polls a condition against a
+//! deadline; nothing sleeps for luck.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const STACK_FILE: &str = "deploy/swarm/raftmq-stack.yml";
+const BROKERS: [&str; 3] = ["a1", "a2", "a3"];
+const NAMESERVER: &str = "nameserver:9876";
+const TOPIC: &str = "swarm";
+
+/// Longest time without an acknowledgement during one roll step.
+const GAP_MAX: Duration = Duration::from_millis(1500);
+/// A member is caught up when its applied index is within this many entries of the leader's
+/// commit index (the broker's own `follower_lag_redirect` default).
+const CAUGHT_UP_LAG: u64 = 1000;
+/// Producer: acknowledgements awaited at once (keeps two cores from saturating).
+const INFLIGHT: &str = "8";
+/// Producer: most messages it sends (it is stopped long before).
+const PRODUCE_MAX: &str = "5000000";
+
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+/// `docker service update` of one service: stop (drain ≤ 10 s), start, healthy, monitor 5 s.
+const UPDATE_TIMEOUT: Duration = Duration::from_secs(180);
+const HEALTHY_TIMEOUT: Duration = Duration::from_secs(180);
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(200);
+
+// ---------------------------------------------------------------------------------------------
+// Commands with a deadline.
+
+#[derive(Debug)]
+struct Out {
+    status: Option<ExitStatus>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Out {
+    fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+
+    fn reason(&self) -> String {
+        match self.status {
+            None => format!("timed out after {:?}", self.elapsed),
+            Some(s) => format!("{s}: {}", tail(self.stderr.trim(), 20)),
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn reader_thread(mut from: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = from.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
+
+/// Runs `cmd` to completion or kills it after `timeout`.
+fn run(cmd: &mut Command, timeout: Duration) -> Out {
+    let start = Instant::now();
+    let mut child = match cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            return Out {
+                status: None,
+                stdout: String::new(),
+                stderr: format!("cannot start {cmd:?}: {e}"),
+                elapsed: start.elapsed(),
+            };
+        }
+    };
+    let stdout = reader_thread(child.stdout.take().expect("piped"));
+    let stderr = reader_thread(child.stderr.take().expect("piped"));
+    let status = wait_child(&mut child, timeout);
+    Out {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+        elapsed: start.elapsed(),
+    }
+}
+
+fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+fn docker(args: &[&str]) -> Out {
+    run(Command::new("docker").args(args), COMMAND_TIMEOUT)
+}
+
+fn must(what: &str, out: Out) -> String {
+    assert!(out.ok(), "{what} failed: {}", out.reason());
+    out.stdout
+}
+
+/// Polls `probe` every [`POLL`] until it returns `Ok`, at most `timeout`; panics with its last
+/// complaint.
+fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(last) if start.elapsed() >= timeout => {
+                panic!("timed out after {timeout:?} waiting for {what}; last: {last}")
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine, image, swarm.
+
+struct Engine {
+    image: String,
+    root: PathBuf,
+}
+
+/// The engine, or `None` (after printing why) when the test is to be skipped.
+fn engine() -> Option<Engine> {
+    if !in_ci() && std::env::var("RAFTMQ_DEPLOY_TESTS").is_ok_and(|v| v == "skip") {
+        eprintln!("swarm test SKIPPED: RAFTMQ_DEPLOY_TESTS=skip");
+        return None;
+    }
+    let info = run(
+        Command::new("docker").args(["info", "--format", "{{.ServerVersion}}"]),
+        Duration::from_secs(30),
+    );
+    if !info.ok() {
+        let why = format!(
+            "no Docker engine answers (`docker info`: {})",
+            info.reason()
+        );
+        assert!(!in_ci(), "CI=true and {why}: the swarm test must run in CI");
+        eprintln!("swarm test SKIPPED: {why}");
+        return None;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned();
+    let image = std::env::var("RAFTMQ_IMAGE").unwrap_or_else(|_| "raftmq:latest".to_owned());
+    ensure_image(&root, &image);
+    eprintln!("swarm test: engine {}, image {image}", info.stdout.trim());
+    Some(Engine { image, root })
+}
+
+fn ensure_image(root: &Path, image: &str) {
+    if docker(&["image", "inspect", image]).ok() {
+        return;
+    }
+    let script = root.join("deploy/build-image.sh");
+    assert!(
+        !std::env::var("RAFTMQ_DEPLOY_BUILD").is_ok_and(|v| v == "0"),
+        "image {image} is missing; build it with `{}`",
+        script.display()
+    );
+    eprintln!(
+        "swarm test: image {image} is missing; running {}",
+        script.display()
+    );
+    let built = run(
+        Command::new(&script)
+            .current_dir(root)
+            .env("RAFTMQ_IMAGE", image),
+        Duration::from_secs(3600),
+    );
+    assert!(
+        built.ok() && docker(&["image", "inspect", image]).ok(),
+        "{} failed to build {image}: {}\n{}",
+        script.display(),
+        built.reason(),
+        tail(&built.stdout, 40)
+    );
+}
+
+/// Leaves the swarm on drop if this test created it.
+struct SwarmMembership {
+    created: bool,
+}
+
+impl SwarmMembership {
+    fn ensure() -> SwarmMembership {
+        let state = must(
+            "docker info",
+            docker(&["info", "--format", "{{.Swarm.LocalNodeState}}"]),
+        );
+        match state.trim() {
+            "active" => {
+                let manager = must(
+                    "docker info",
+                    docker(&["info", "--format", "{{.Swarm.ControlAvailable}}"]),
+                );
+                assert_eq!(
+                    manager.trim(),
+                    "true",
+                    "this engine is a swarm worker; the test needs a manager"
+                );
+                eprintln!("swarm test: the engine is already a swarm manager");
+                SwarmMembership { created: false }
+            }
+            "inactive" => {
+                let mut init = docker(&["swarm", "init"]);
+                if !init.ok() && init.stderr.contains("advertise") {
+                    // Several addresses: any one will do on a single node.
+                    init = docker(&["swarm", "init", "--advertise-addr", "127.0.0.1"]);
+                }
+                must("docker swarm init", init);
+                eprintln!("swarm test: ran `docker swarm init` (left again at the end)");
+                SwarmMembership { created: true }
+            }
+            other => panic!("the engine's swarm state is {other:?}; expected active or inactive"),
+        }
+    }
+}
+
+impl Drop for SwarmMembership {
+    fn drop(&mut self) {
+        if self.created {
+            let left = docker(&["swarm", "leave", "--force"]);
+            if !left.ok() {
+                eprintln!("swarm test: docker swarm leave failed: {}", left.reason());
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stack, always removed.
+
+const STACK_PREFIX: &str = "rmqs-";
+
+/// Removes stacks of earlier runs whose process is gone (killed by a timeout, say).
+fn sweep_stale() {
+    let stacks = docker(&["stack", "ls", "--format", "{{.Name}}"]).stdout;
+    for name in stacks.lines().filter(|s| s.starts_with(STACK_PREFIX)) {
+        let pid = name[STACK_PREFIX.len()..].parse::<u32>().ok();
+        if pid.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            continue;
+        }
+        eprintln!("swarm test: removing stack {name}, left behind by an earlier run");
+        remove_stack(name, &[]);
+    }
+}
+
+/// `docker stack rm`, then waits for its containers to go and removes its volumes and network.
+fn remove_stack(name: &str, extra: &[String]) {
+    for c in extra {
+        let _ = docker(&["rm", "-f", c]);
+    }
+    let rm = docker(&["stack", "rm", name]);
+    if !rm.ok() {
+        eprintln!("swarm test: docker stack rm {name} failed: {}", rm.reason());
+    }
+    let label = format!("label=com.docker.stack.namespace={name}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        if docker(&["ps", "-aq", "--filter", &label])
+            .stdout
+            .trim()
+            .is_empty()
+        {
+            break;
+        }
+        std::thread::sleep(POLL);
+    }
+    let volumes = docker(&["volume", "ls", "-q", "--filter", &label]).stdout;
+    for v in volumes.lines().filter(|v| !v.is_empty()) {
+        let rm = docker(&["volume", "rm", "-f", v]);
+        if !rm.ok() {
+            eprintln!("swarm test: docker volume rm {v} failed: {}", rm.reason());
+        }
+    }
+    let network = format!("{name}_raftmq");
+    while Instant::now() < deadline && docker(&["network", "inspect", &network]).ok() {
+        let _ = docker(&["network", "rm", &network]);
+        std::thread::sleep(POLL);
+    }
+}
+
+struct Stack {
+    name: String,
+    image: String,
+    /// Containers the test started with `docker run` on the stack's network.
+    extra: Mutex<Vec<String>>,
+}
+
+impl Stack {
+    fn deploy(engine: &Engine) -> Stack {
+        sweep_stale();
+        let stack = Stack {
+            name: format!("{STACK_PREFIX}{}", std::process::id()),
+            image: engine.image.clone(),
+            extra: Mutex::new(Vec::new()),
+        };
+        let start = Instant::now();
+        must(
+            "docker stack deploy",
+            run(
+                Command::new("docker")
+                    .args(["stack", "deploy", "--resolve-image", "never", "-c"])
+                    .arg(engine.root.join(STACK_FILE))
+                    .arg(&stack.name)
+                    .env("RAFTMQ_IMAGE", &engine.image),
+                COMMAND_TIMEOUT,
+            ),
+        );
+        wait_for("every task running and healthy", HEALTHY_TIMEOUT, || {
+            let mut states = Vec::new();
+            for svc in ["nameserver", "a1", "a2", "a3"] {
+                let want = if svc == "nameserver" { 2 } else { 1 };
+                let healthy = stack.healthy_containers(svc).len();
+                states.push(format!("{svc}={healthy}/{want}"));
+            }
+            let all = states.iter().all(|s| {
+                let (have, want) = s.split_once('=').unwrap().1.split_once('/').unwrap();
+                have == want
+            });
+            if all { Ok(()) } else { Err(states.join(" ")) }
+        });
+        eprintln!(
+            "[{}] stack deployed; every task healthy in {:.1} s",
+            stack.name,
+            start.elapsed().as_secs_f64()
+        );
+        stack
+    }
+
+    fn service(&self, svc: &str) -> String {
+        format!("{}_{svc}", self.name)
+    }
+
+    fn network(&self) -> String {
+        format!("{}_raftmq", self.name)
+    }
+
+    /// Running, healthy containers of a service's tasks.
+    fn healthy_containers(&self, svc: &str) -> Vec<String> {
+        let label = format!("label=com.docker.swarm.service.name={}", self.service(svc));
+        docker(&["ps", "-q", "--filter", &label, "--filter", "health=healthy"])
+            .stdout
+            .lines()
+            .map(str::to_owned)
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
+    /// The one running container of a single-replica service.
+    fn container(&self, svc: &str) -> String {
+        let label = format!("label=com.docker.swarm.service.name={}", self.service(svc));
+        let ids = must("docker ps", docker(&["ps", "-q", "--filter", &label]));
+        let ids: Vec<&str> = ids.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(ids.len(), 1, "{svc}: running containers {ids:?}");
+        ids[0].to_owned()
+    }
+
+    /// The `raftmq` CLI run inside a nameserver task's container (on the overlay network).
+    fn cli(&self, args: &[&str], timeout: Duration) -> Out {
+        let ns = self
+            .healthy_containers("nameserver")
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let mut cmd = Command::new("docker");
+        cmd.args(["exec", &ns, "raftmq", "--nameserver", NAMESERVER])
+            .args(args);
+        run(&mut cmd, timeout)
+    }
+
+    fn group(&self) -> Result<Group, String> {
+        let out = self.cli(&["cluster", "status", "--json"], Duration::from_secs(20));
+        if !out.ok() {
+            return Err(format!("cluster status: {}", out.reason()));
+        }
+        let v: Value = serde_json::from_str(out.stdout.trim())
+            .map_err(|e| format!("cluster status printed no JSON ({e}): {}", out.stdout))?;
+        Group::from_status(&v, "broker-a")
+    }
+
+    /// Waits until the node of `svc` is ready: the readiness check of the stack's README, run in
+    /// the service's current container. Returns that container.
+    fn wait_ready(&self, svc: &str) -> String {
+        wait_for(&format!("{svc} ready"), CONVERGE_TIMEOUT, || {
+            let container = self
+                .healthy_containers(svc)
+                .into_iter()
+                .next()
+                .ok_or_else(|| format!("{svc} has no healthy container"))?;
+            let check = docker(&[
+                "exec",
+                &container,
+                "raftmq-health",
+                "--addr",
+                "127.0.0.1:10911",
+                "--service",
+                "raftmq.v1.BrokerService",
+                "--timeout-ms",
+                "1000",
+            ]);
+            if check.ok() {
+                Ok(container)
+            } else {
+                Err(check.reason())
+            }
+        })
+    }
+
+    /// Waits until the group has one leader and every node is caught up.
+    fn wait_all_caught_up(&self, what: &str) -> Group {
+        wait_for(what, CONVERGE_TIMEOUT, || {
+            let g = self.group()?;
+            g.leader()?;
+            if g.caught_up() == 3 {
+                Ok(g)
+            } else {
+                Err(format!("{} of 3 caught up: {g}", g.caught_up()))
+            }
+        })
+    }
+
+    fn start_producer(&self) -> Producer {
+        let name = format!("{}-producer", self.name);
+        self.extra.lock().unwrap().push(name.clone());
+        let mut child = Command::new("docker")
+            .args([
+                "run",
+                "--rm",
+                "--init",
+                "--name",
+                &name,
+                "--network",
+                &self.network(),
+                &self.image,
+                "raftmq",
+                "--nameserver",
+                NAMESERVER,
+                "produce",
+                "--topic",
+                TOPIC,
+                "--count",
+                PRODUCE_MAX,
+                "--size",
+                "100",
+                "--inflight",
+                INFLIGHT,
+                "--timeout-ms",
+                "60000",
+                "--json",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("docker run starts");
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("piped");
+        let sink = Arc::clone(&acks);
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let at = Instant::now();
+                if let Some(ack) = Ack::parse(&line) {
+                    sink.lock().unwrap().push((at, ack));
+                }
+            }
+        });
+        let stderr = reader_thread(child.stderr.take().expect("piped"));
+        Producer {
+            name,
+            child,
+            acks,
+            reader: Some(reader),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// Reads every message of the topic with a new consumer group.
+    fn consume_all(&self) -> Vec<Ack> {
+        let out = self.cli(
+            &[
+                "consume",
+                "--topic",
+                TOPIC,
+                "--group",
+                "swarm-check",
+                "--from",
+                "earliest",
+                "--timeout-ms",
+                "5000",
+                "--json",
+            ],
+            Duration::from_secs(300),
+        );
+        must("consume", out)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| Ack::parse(l).unwrap_or_else(|| panic!("consume printed a bad line: {l}")))
+            .collect()
+    }
+
+    /// `docker service update --image` of one service, waiting until it converged (the new task
+    /// healthy for the monitor period); panics unless the update completed.
+    fn update_image(&self, svc: &str, image: &str) {
+        let service = self.service(svc);
+        must(
+            &format!("docker service update {service}"),
+            run(
+                Command::new("docker").args([
+                    "service",
+                    "update",
+                    "--detach=false",
+                    "--quiet",
+                    "--no-resolve-image",
+                    "--image",
+                    image,
+                    &service,
+                ]),
+                UPDATE_TIMEOUT,
+            ),
+        );
+        let state = must(
+            "docker service inspect",
+            docker(&[
+                "service",
+                "inspect",
+                "--format",
+                "{{if .UpdateStatus}}{{.UpdateStatus.State}}{{end}}",
+                &service,
+            ]),
+        );
+        assert_eq!(state.trim(), "completed", "update of {service}");
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for svc in ["a1", "a2", "a3"] {
+                let logs = docker(&[
+                    "service",
+                    "logs",
+                    "--no-trunc",
+                    "--tail",
+                    "40",
+                    &self.service(svc),
+                ]);
+                eprintln!(
+                    "[{}] test failed; last logs of {svc}:\n{}{}",
+                    self.name,
+                    tail(&logs.stdout, 40),
+                    tail(&logs.stderr, 40)
+                );
+            }
+        }
+        let extra: Vec<String> = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
+        remove_stack(&self.name, &extra);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the CLI prints.
+
+#[derive(Debug, Clone)]
+struct NodeView {
+    node_id: u64,
+    address: String,
+    role: String,
+    term: Option<u64>,
+    committed: Option<u64>,
+    applied: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    nodes: Vec<NodeView>,
+}
+
+impl Group {
+    fn from_status(status: &Value, broker: &str) -> Result<Group, String> {
+        let brokers = status["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["brokers"].as_array().into_iter().flatten());
+        for b in brokers {
+            if b["name"] != broker {
+                continue;
+            }
+            let nodes = b["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| NodeView {
+                    node_id: n["node_id"].as_u64().unwrap_or(0),
+                    address: n["address"].as_str().unwrap_or_default().to_owned(),
+                    role: n["role"].as_str().unwrap_or_default().to_owned(),
+                    term: n["term"].as_u64(),
+                    committed: n["committed"].as_u64(),
+                    applied: n["applied"].as_u64(),
+                })
+                .collect();
+            return Ok(Group { nodes });
+        }
+        Err(format!("no broker {broker} in {status}"))
+    }
+
+    /// The leader of the highest term (two may claim it for a moment during a hand-over).
+    fn leader(&self) -> Result<&NodeView, String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.role == "leader")
+            .max_by_key(|n| n.term)
+            .ok_or_else(|| format!("no leader: {self}"))
+    }
+
+    /// Members whose applied index is within [`CAUGHT_UP_LAG`] of the leader's commit index (of
+    /// the highest commit index any member reports when no leader answered).
+    fn caught_up(&self) -> usize {
+        let reference = match self.leader() {
+            Ok(l) => l.committed.unwrap_or(0),
+            Err(_) => self
+                .nodes
+                .iter()
+                .filter_map(|n| n.committed)
+                .max()
+                .unwrap_or(0),
+        };
+        self.nodes
+            .iter()
+            .filter(|n| n.role == "leader" || n.role == "follower")
+            .filter(|n| n.applied.is_some_and(|a| a + CAUGHT_UP_LAG >= reference))
+            .count()
+    }
+
+    fn node(&self, id: u64) -> Result<&NodeView, String> {
+        self.nodes
+            .iter()
+            .find(|n| n.node_id == id)
+            .ok_or_else(|| format!("no node {id}: {self}"))
+    }
+}
+
+impl std::fmt::Display for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[")?;
+        for n in &self.nodes {
+            write!(
+                f,
+                " {}@{} {} t{:?} committed={:?} applied={:?};",
+                n.node_id, n.address, n.role, n.term, n.committed, n.applied
+            )?;
+        }
+        write!(f, " ]")
+    }
+}
+
+/// One acknowledged (or consumed) message: where it is stored.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Ack {
+    broker: String,
+    queue: u64,
+    offset: u64,
+    msg_id: String,
+}
+
+impl Ack {
+    fn parse(line: &str) -> Option<Ack> {
+        let v: Value = serde_json::from_str(line).ok()?;
+        Some(Ack {
+            broker: v["broker"].as_str()?.to_owned(),
+            queue: v["queue"].as_u64()?,
+            offset: v["offset"].as_u64()?,
+            msg_id: v["msg_id"].as_str()?.to_owned(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The producer and the status poller.
+
+struct Producer {
+    name: String,
+    child: Child,
+    acks: Arc<Mutex<Vec<(Instant, Ack)>>>,
+    reader: Option<JoinHandle<()>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Producer {
+    fn check_running(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => {
+                let stderr = self
+                    .stderr
+                    .take()
+                    .map(|h| h.join().unwrap_or_default())
+                    .unwrap_or_default();
+                panic!(
+                    "the producer stopped by itself ({status}): {}",
+                    tail(&stderr, 20)
+                )
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn count_since(&self, t: Instant) -> usize {
+        self.acks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(at, _)| *at >= t)
+            .count()
+    }
+
+    fn wait_acks_since(&mut self, t: Instant, n: usize, what: &str) {
+        wait_for(what, Duration::from_secs(60), || {
+            self.check_running()?;
+            let seen = self.count_since(t);
+            if seen >= n {
+                Ok(())
+            } else {
+                Err(format!("{seen} of {n} acknowledgements"))
+            }
+        });
+    }
+
+    /// Longest time without an acknowledgement within `[from, to]` (the edges count).
+    fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+        let acks = self.acks.lock().unwrap();
+        let mut previous = from;
+        let mut longest = Duration::ZERO;
+        for (at, _) in acks.iter().filter(|(at, _)| *at >= from && *at <= to) {
+            longest = longest.max(at.saturating_duration_since(previous));
+            previous = *at;
+        }
+        longest.max(to.saturating_duration_since(previous))
+    }
+
+    /// Stops the producer and returns every acknowledgement it printed.
+    fn stop(mut self) -> Vec<Ack> {
+        self.check_running().ok();
+        let _ = docker(&["kill", &self.name]);
+        assert!(
+            wait_child(&mut self.child, Duration::from_secs(60)).is_some(),
+            "the producer's docker run did not exit after docker kill"
+        );
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        std::mem::take(&mut *self.acks.lock().unwrap())
+            .into_iter()
+            .map(|(_, a)| a)
+            .collect()
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One poll of `cluster status`: the number of caught-up members, or why there was none.
+type Sample = (Instant, Result<(usize, String), String>);
+
+/// Polls `cluster status --json` (from a nameserver task's container) about every [`POLL`] until
+/// stopped.
+struct StatusPoller {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StatusPoller {
+    fn start(stack: &Stack) -> StatusPoller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let ns = stack
+            .healthy_containers("nameserver")
+            .into_iter()
+            .next()
+            .expect("a healthy nameserver");
+        let (stop2, samples2) = (Arc::clone(&stop), Arc::clone(&samples));
+        let thread = std::thread::spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                let tick = Instant::now();
+                let out = run(
+                    Command::new("docker").args([
+                        "exec",
+                        &ns,
+                        "raftmq",
+                        "--nameserver",
+                        NAMESERVER,
+                        "cluster",
+                        "status",
+                        "--json",
+                    ]),
+                    Duration::from_secs(20),
+                );
+                let sample = if out.ok() {
+                    serde_json::from_str::<Value>(out.stdout.trim())
+                        .map_err(|e| format!("no JSON ({e})"))
+                        .and_then(|v| Group::from_status(&v, "broker-a"))
+                        .map(|g| (g.caught_up(), g.to_string()))
+                } else {
+                    Err(out.reason())
+                };
+                samples2.lock().unwrap().push((tick, sample));
+                if let Some(rest) = POLL.checked_sub(tick.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+            }
+        });
+        StatusPoller {
+            stop,
+            samples,
+            thread: Some(thread),
+        }
+    }
+
+    /// (polls, failed polls, the fewest caught-up members and that poll's view) within the span.
+    fn summary(&self, from: Instant, to: Instant) -> (usize, usize, Option<(usize, String)>) {
+        let samples = self.samples.lock().unwrap();
+        let within: Vec<&Sample> = samples
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .collect();
+        let failed = within.iter().filter(|(_, s)| s.is_err()).count();
+        let min = within
+            .iter()
+            .filter_map(|(_, s)| s.as_ref().ok())
+            .min_by_key(|(n, _)| *n)
+            .cloned();
+        (within.len(), failed, min)
+    }
+
+    /// Waits for a poll that started after `t` (so a step's span has at least its last view).
+    fn wait_poll_after(&self, t: Instant) {
+        wait_for("a cluster status poll", Duration::from_secs(30), || {
+            let samples = self.samples.lock().unwrap();
+            if samples.iter().any(|(at, s)| *at >= t && s.is_ok()) {
+                Ok(())
+            } else {
+                Err("none yet".into())
+            }
+        });
+    }
+}
+
+impl Drop for StatusPoller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One row of the figures table.
+struct Step {
+    name: String,
+    gap: Duration,
+    polls: usize,
+    failed_polls: usize,
+    min_caught_up: Option<(usize, String)>,
+    duration: Duration,
+}
+
+fn step_row(
+    name: &str,
+    producer: &Producer,
+    poller: &StatusPoller,
+    from: Instant,
+    to: Instant,
+) -> Step {
+    let (polls, failed_polls, min_caught_up) = poller.summary(from, to);
+    Step {
+        name: name.to_owned(),
+        gap: producer.longest_gap(from, to),
+        polls,
+        failed_polls,
+        min_caught_up,
+        duration: to - from,
+    }
+}
+
+fn print_table(stack: &str, steps: &[Step]) {
+    eprintln!(
+        "SWARM [{stack}] {:<22} {:>10} {:>17} {:>6} {:>12} {:>10}",
+        "step", "gap max ms", "caught-up min", "polls", "failed polls", "duration s"
+    );
+    for s in steps {
+        eprintln!(
+            "SWARM [{stack}] {:<22} {:>10} {:>17} {:>6} {:>12} {:>10.1}",
+            s.name,
+            s.gap.as_millis(),
+            s.min_caught_up
+                .as_ref()
+                .map_or("-".to_owned(), |(n, _)| n.to_string()),
+            s.polls,
+            s.failed_polls,
+            s.duration.as_secs_f64()
+        );
+    }
+}
+
+fn service_of(node: &NodeView) -> String {
+    node.address
+        .rsplit_once(':')
+        .map_or(node.address.as_str(), |(host, _)| host)
+        .to_owned()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn swarm_kill_and_rolling_update_under_load() {
+    let Some(engine) = engine() else { return };
+    let started = Instant::now();
+    // Declared before the stack: dropped (the swarm left) after the stack is removed.
+    let _swarm = SwarmMembership::ensure();
+    let stack = Stack::deploy(&engine);
+    let g = stack.wait_all_caught_up("a leader and three caught-up members after deploy");
+    eprintln!("[{}] group after deploy: {g}", stack.name);
+    must(
+        "topic create",
+        stack.cli(
+            &["topic", "create", TOPIC, "--queues", "4"],
+            COMMAND_TIMEOUT,
+        ),
+    );
+
+    let poller = StatusPoller::start(&stack);
+    let mut producer = stack.start_producer();
+    producer.wait_acks_since(Instant::now(), 200, "the first acknowledgements");
+    eprintln!("[{}] producer running", stack.name);
+    let mut steps = Vec::new();
+
+    // a. docker kill of the leader's task container: Swarm starts a new task on the same volume.
+    let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
+    let leader = g.leader().unwrap_or_else(|e| panic!("{e}")).clone();
+    let svc = service_of(&leader);
+    let old = stack.container(&svc);
+    let t0 = Instant::now();
+    must("docker kill", docker(&["kill", &old]));
+    eprintln!(
+        "[{}] killed {svc} (node {}, the leader), container {old}",
+        stack.name, leader.node_id
+    );
+    let new = wait_for(
+        &format!("a new healthy task of {svc}"),
+        HEALTHY_TIMEOUT,
+        || {
+            producer.check_running()?;
+            let healthy = stack.healthy_containers(&svc);
+            healthy
+                .into_iter()
+                .find(|c| c != &old)
+                .ok_or_else(|| format!("{svc} has no new healthy container yet"))
+        },
+    );
+    stack.wait_ready(&svc);
+    let g = stack.wait_all_caught_up(&format!("node {} to rejoin and catch up", leader.node_id));
+    let node = g.node(leader.node_id).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        node.role == "follower" || node.role == "leader",
+        "node {} is {} after its restart: {g}",
+        leader.node_id,
+        node.role
+    );
+    producer.wait_acks_since(Instant::now(), 100, "acknowledgements after the restart");
+    poller.wait_poll_after(Instant::now());
+    eprintln!(
+        "[{}] {svc} restarted by Swarm as container {new}, caught up in {:.1} s: {g}",
+        stack.name,
+        t0.elapsed().as_secs_f64()
+    );
+    steps.push(step_row(
+        &format!("kill {svc} (leader)"),
+        &producer,
+        &poller,
+        t0,
+        Instant::now(),
+    ));
+
+    // b. Roll every broker service to another tag of the image, one after the other.
+    must("docker tag", docker(&["tag", &engine.image, "raftmq:roll"]));
+    for svc in BROKERS {
+        let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
+        let role = g
+            .nodes
+            .iter()
+            .find(|n| service_of(n) == svc)
+            .map_or("?".to_owned(), |n| n.role.clone());
+        let t0 = Instant::now();
+        stack.update_image(svc, "raftmq:roll");
+        producer.check_running().unwrap_or_else(|e| panic!("{e}"));
+        stack.wait_ready(svc);
+        let g = stack.wait_all_caught_up(&format!("{svc} caught up after its update"));
+        producer.wait_acks_since(Instant::now(), 50, "acknowledgements after the update");
+        poller.wait_poll_after(Instant::now());
+        let row = step_row(
+            &format!("roll {svc} ({role})"),
+            &producer,
+            &poller,
+            t0,
+            Instant::now(),
+        );
+        eprintln!(
+            "[{}] rolled {svc} ({role}) in {:.1} s, gap max {} ms, caught-up min {:?}: {g}",
+            stack.name,
+            row.duration.as_secs_f64(),
+            row.gap.as_millis(),
+            row.min_caught_up.as_ref().map(|(n, _)| *n)
+        );
+        steps.push(row);
+    }
+    let image_now: Vec<String> = BROKERS
+        .iter()
+        .map(|svc| {
+            must(
+                "docker service inspect",
+                docker(&[
+                    "service",
+                    "inspect",
+                    "--format",
+                    "{{.Spec.TaskTemplate.ContainerSpec.Image}}",
+                    &stack.service(svc),
+                ]),
+            )
+            .trim()
+            .to_owned()
+        })
+        .collect();
+    poller.stop.store(true, Ordering::Relaxed);
+
+    let acked = producer.stop();
+    let consumed = stack.consume_all();
+    print_table(&stack.name, &steps);
+    eprintln!(
+        "SWARM [{}] {} messages acknowledged, {} consumed; images after the roll {image_now:?}; \
+         test ran {:.0} s",
+        stack.name,
+        acked.len(),
+        consumed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for s in &steps {
+        if let Some((n, view)) = &s.min_caught_up {
+            eprintln!(
+                "SWARM [{}] {}: fewest caught up {n} at {view}",
+                stack.name, s.name
+            );
+        }
+    }
+
+    // Nothing acknowledged is lost: every acknowledgement is read back at its position.
+    let by_position: BTreeMap<(String, u64, u64), &str> = consumed
+        .iter()
+        .map(|c| ((c.broker.clone(), c.queue, c.offset), c.msg_id.as_str()))
+        .collect();
+    let missing: Vec<&Ack> = acked
+        .iter()
+        .filter(|a| {
+            by_position.get(&(a.broker.clone(), a.queue, a.offset)) != Some(&a.msg_id.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged messages not consumed (first: {:?})",
+        missing.len(),
+        acked.len(),
+        missing.first()
+    );
+    let ids: BTreeSet<&str> = acked.iter().map(|a| a.msg_id.as_str()).collect();
+    assert_eq!(
+        ids.len(),
+        acked.len(),
+        "acknowledged message ids are unique"
+    );
+    assert!(image_now.iter().all(|i| i.starts_with("raftmq:roll")));
+    for s in steps.iter().filter(|s| s.name.starts_with("roll")) {
+        assert!(
+            s.gap <= GAP_MAX,
+            "{}: {} ms without an acknowledgement (at most {} ms)",
+            s.name,
+            s.gap.as_millis(),
+            GAP_MAX.as_millis()
+        );
+        let (n, view) = s
+            .min_caught_up
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no cluster status poll answered", s.name));
+        assert!(
+            *n >= 2,
+            "{}: only {n} caught-up members at one poll: {view}",
+            s.name
+        );
+    }
+}

@@ -351,11 +351,12 @@ struct Stack {
 }
 
 impl Stack {
-    fn deploy(engine: &Engine) -> Stack {
+    /// Deploys the stack with `image` (`sc.deploy_image`) and waits for every task healthy.
+    fn deploy(engine: &Engine, sc: &Scenario) -> Stack {
         sweep_stale();
         let stack = Stack {
             name: format!("{STACK_PREFIX}{}", std::process::id()),
-            image: engine.image.clone(),
+            image: sc.client_image.clone(),
             extra: Mutex::new(Vec::new()),
         };
         let start = Instant::now();
@@ -366,14 +367,20 @@ impl Stack {
                     .args(["stack", "deploy", "--resolve-image", "never", "-c"])
                     .arg(engine.root.join(STACK_FILE))
                     .arg(&stack.name)
-                    .env("RAFTMQ_IMAGE", &engine.image),
+                    .env("RAFTMQ_IMAGE", &sc.deploy_image)
+                    .env("RAFTMQ_NAMESERVER_REPLICAS", sc.nameservers.to_string())
+                    .envs(sc.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
                 COMMAND_TIMEOUT,
             ),
         );
         wait_for("every task running and healthy", HEALTHY_TIMEOUT, || {
             let mut states = Vec::new();
             for svc in ["nameserver", "a1", "a2", "a3"] {
-                let want = if svc == "nameserver" { 2 } else { 1 };
+                let want = if svc == "nameserver" {
+                    sc.nameservers
+                } else {
+                    1
+                };
                 let healthy = stack.healthy_containers(svc).len();
                 states.push(format!("{svc}={healthy}/{want}"));
             }
@@ -981,13 +988,84 @@ fn service_of(node: &NodeView) -> String {
 
 // ---------------------------------------------------------------------------------------------
 
+/// What one run deploys, does and rolls to.
+struct Scenario {
+    /// The image the stack is deployed with.
+    deploy_image: String,
+    /// The image every broker service is rolled to.
+    roll_image: String,
+    /// The image of the producer container.
+    client_image: String,
+    /// Extra variables for `docker stack deploy` (the stack file's knobs).
+    env: Vec<(String, String)>,
+    nameservers: usize,
+    /// Kill the leader's task before the roll.
+    kill: bool,
+    /// Roll the followers first, hand leadership to a rolled node, then roll the old leader
+    /// (for a release that does not hand over on SIGTERM); else a1, a2, a3.
+    leader_last: bool,
+    /// Messages produced (and checked) before the producer under load starts.
+    data_before: u64,
+}
+
 #[test]
 fn swarm_kill_and_rolling_update_under_load() {
     let Some(engine) = engine() else { return };
+    must("docker tag", docker(&["tag", &engine.image, "raftmq:roll"]));
+    let sc = Scenario {
+        deploy_image: engine.image.clone(),
+        roll_image: "raftmq:roll".into(),
+        client_image: engine.image.clone(),
+        env: Vec::new(),
+        nameservers: 2,
+        kill: true,
+        leader_last: false,
+        data_before: 0,
+    };
+    roll_under_load(&engine, &sc);
+}
+
+/// The image of the first release, commit `819deb4` (before any on-disk format had a version).
+const V0_1_0_IMAGE: &str = "raftmq:v0.1.0";
+
+/// Upgrade: a stack on v0.1.0 with data in it, rolled to this workspace's image under load.
+/// Needs the image, a cold release build of ~15 min on two cores, so it is not run by default:
+///
+/// ```text
+/// git worktree add target/v0.1.0-src 819deb4
+/// (cd target/v0.1.0-src && RAFTMQ_IMAGE=raftmq:v0.1.0 CARGO_TARGET_DIR=$PWD/../v0.1.0-target deploy/build-image.sh)
+/// cargo test -p raftmq-tests --test t96_swarm -- --ignored --nocapture
+/// ```
+///
+/// v0.1.0 knows no `dns:` nameserver entries (one nameserver replica, addressed by name) and does
+/// not hand leadership over on SIGTERM (the test hands it to a rolled node before rolling the
+/// old leader, as an operator would).
+#[test]
+#[ignore = "needs the image raftmq:v0.1.0 (see the doc comment)"]
+fn swarm_upgrade_from_v0_1_0_under_load() {
+    let Some(engine) = engine() else { return };
+    assert!(
+        docker(&["image", "inspect", V0_1_0_IMAGE]).ok(),
+        "image {V0_1_0_IMAGE} is missing: build it as this test's doc comment says"
+    );
+    let sc = Scenario {
+        deploy_image: V0_1_0_IMAGE.into(),
+        roll_image: engine.image.clone(),
+        client_image: V0_1_0_IMAGE.into(),
+        env: vec![("RAFTMQ_BROKER_NAMESERVERS".into(), "nameserver:9876".into())],
+        nameservers: 1,
+        kill: false,
+        leader_last: true,
+        data_before: 2000,
+    };
+    roll_under_load(&engine, &sc);
+}
+
+fn roll_under_load(engine: &Engine, sc: &Scenario) {
     let started = Instant::now();
     // Declared before the stack: dropped (the swarm left) after the stack is removed.
     let _swarm = SwarmMembership::ensure();
-    let stack = Stack::deploy(&engine);
+    let stack = Stack::deploy(engine, sc);
     let g = stack.wait_all_caught_up("a leader and three caught-up members after deploy");
     eprintln!("[{}] group after deploy: {g}", stack.name);
     must(
@@ -998,6 +1076,33 @@ fn swarm_kill_and_rolling_update_under_load() {
         ),
     );
 
+    let before = if sc.data_before > 0 {
+        let n = sc.data_before.to_string();
+        let out = must(
+            "produce before the load",
+            stack.cli(
+                &[
+                    "produce", "--topic", TOPIC, "--count", &n, "--size", "100", "--json",
+                ],
+                COMMAND_TIMEOUT,
+            ),
+        );
+        let acks: Vec<Ack> = out.lines().filter_map(Ack::parse).collect();
+        assert_eq!(
+            acks.len() as u64,
+            sc.data_before,
+            "acknowledged before the load"
+        );
+        eprintln!(
+            "[{}] {} messages stored before the load",
+            stack.name,
+            acks.len()
+        );
+        acks
+    } else {
+        Vec::new()
+    };
+
     let poller = StatusPoller::start(&stack);
     let mut producer = stack.start_producer();
     producer.wait_acks_since(Instant::now(), 200, "the first acknowledgements");
@@ -1005,63 +1110,61 @@ fn swarm_kill_and_rolling_update_under_load() {
     let mut steps = Vec::new();
 
     // a. docker kill of the leader's task container: Swarm starts a new task on the same volume.
-    let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
-    let leader = g.leader().unwrap_or_else(|e| panic!("{e}")).clone();
-    let svc = service_of(&leader);
-    let old = stack.container(&svc);
-    let t0 = Instant::now();
-    must("docker kill", docker(&["kill", &old]));
-    eprintln!(
-        "[{}] killed {svc} (node {}, the leader), container {old}",
-        stack.name, leader.node_id
-    );
-    let new = wait_for(
-        &format!("a new healthy task of {svc}"),
-        HEALTHY_TIMEOUT,
-        || {
-            producer.check_running()?;
-            let healthy = stack.healthy_containers(&svc);
-            healthy
-                .into_iter()
-                .find(|c| c != &old)
-                .ok_or_else(|| format!("{svc} has no new healthy container yet"))
-        },
-    );
-    stack.wait_ready(&svc);
-    let g = stack.wait_all_caught_up(&format!("node {} to rejoin and catch up", leader.node_id));
-    let node = g.node(leader.node_id).unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        node.role == "follower" || node.role == "leader",
-        "node {} is {} after its restart: {g}",
-        leader.node_id,
-        node.role
-    );
-    producer.wait_acks_since(Instant::now(), 100, "acknowledgements after the restart");
-    poller.wait_poll_after(Instant::now());
-    eprintln!(
-        "[{}] {svc} restarted by Swarm as container {new}, caught up in {:.1} s: {g}",
-        stack.name,
-        t0.elapsed().as_secs_f64()
-    );
-    steps.push(step_row(
-        &format!("kill {svc} (leader)"),
-        &producer,
-        &poller,
-        t0,
-        Instant::now(),
-    ));
+    if sc.kill {
+        kill_leader_task(&stack, &mut producer, &poller, &mut steps);
+    }
 
-    // b. Roll every broker service to another tag of the image, one after the other.
-    must("docker tag", docker(&["tag", &engine.image, "raftmq:roll"]));
-    for svc in BROKERS {
+    // b. Roll every broker service to the new image, one after the other.
+    let order: Vec<String> = if sc.leader_last {
         let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
-        let role = g
+        let leader = service_of(g.leader().unwrap_or_else(|e| panic!("{e}")));
+        let mut order: Vec<String> = BROKERS
+            .iter()
+            .map(|s| s.to_string())
+            .filter(|s| *s != leader)
+            .collect();
+        order.push(leader);
+        order
+    } else {
+        BROKERS.iter().map(|s| s.to_string()).collect()
+    };
+    for (i, svc) in order.iter().enumerate() {
+        let svc = svc.as_str();
+        let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
+        let mut role = g
             .nodes
             .iter()
             .find(|n| service_of(n) == svc)
             .map_or("?".to_owned(), |n| n.role.clone());
         let t0 = Instant::now();
-        stack.update_image(svc, "raftmq:roll");
+        if sc.leader_last && role == "leader" {
+            // Hand leadership to a node already on the new image.
+            let to = g
+                .nodes
+                .iter()
+                .find(|n| service_of(n) == order[i - 1])
+                .map(|n| n.node_id)
+                .expect("a rolled node");
+            let to_s = to.to_string();
+            must(
+                "leader transfer",
+                stack.cli(
+                    &["leader", "transfer", "--broker", "broker-a", "--to", &to_s],
+                    COMMAND_TIMEOUT,
+                ),
+            );
+            wait_for("the transfer", CONVERGE_TIMEOUT, || {
+                let g = stack.group()?;
+                let l = g.leader()?;
+                if l.node_id == to {
+                    Ok(())
+                } else {
+                    Err(format!("led by {}: {g}", l.node_id))
+                }
+            });
+            role = "leader, handed over".into();
+        }
+        stack.update_image(svc, &sc.roll_image);
         producer.check_running().unwrap_or_else(|e| panic!("{e}"));
         stack.wait_ready(svc);
         let g = stack.wait_all_caught_up(&format!("{svc} caught up after its update"));
@@ -1146,7 +1249,18 @@ fn swarm_kill_and_rolling_update_under_load() {
         acked.len(),
         "acknowledged message ids are unique"
     );
-    assert!(image_now.iter().all(|i| i.starts_with("raftmq:roll")));
+    assert!(image_now.iter().all(|i| i.starts_with(&sc.roll_image)));
+    // What was stored before the load (on the old image) is read back too.
+    let missing_before = before
+        .iter()
+        .filter(|a| {
+            by_position.get(&(a.broker.clone(), a.queue, a.offset)) != Some(&a.msg_id.as_str())
+        })
+        .count();
+    assert_eq!(
+        missing_before, 0,
+        "messages stored before the load not read back"
+    );
     for s in steps.iter().filter(|s| s.name.starts_with("roll")) {
         assert!(
             s.gap <= GAP_MAX,
@@ -1165,4 +1279,57 @@ fn swarm_kill_and_rolling_update_under_load() {
             s.name
         );
     }
+}
+
+fn kill_leader_task(
+    stack: &Stack,
+    producer: &mut Producer,
+    poller: &StatusPoller,
+    steps: &mut Vec<Step>,
+) {
+    let g = stack.group().unwrap_or_else(|e| panic!("{e}"));
+    let leader = g.leader().unwrap_or_else(|e| panic!("{e}")).clone();
+    let svc = service_of(&leader);
+    let old = stack.container(&svc);
+    let t0 = Instant::now();
+    must("docker kill", docker(&["kill", &old]));
+    eprintln!(
+        "[{}] killed {svc} (node {}, the leader), container {old}",
+        stack.name, leader.node_id
+    );
+    let new = wait_for(
+        &format!("a new healthy task of {svc}"),
+        HEALTHY_TIMEOUT,
+        || {
+            producer.check_running()?;
+            let healthy = stack.healthy_containers(&svc);
+            healthy
+                .into_iter()
+                .find(|c| c != &old)
+                .ok_or_else(|| format!("{svc} has no new healthy container yet"))
+        },
+    );
+    stack.wait_ready(&svc);
+    let g = stack.wait_all_caught_up(&format!("node {} to rejoin and catch up", leader.node_id));
+    let node = g.node(leader.node_id).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        node.role == "follower" || node.role == "leader",
+        "node {} is {} after its restart: {g}",
+        leader.node_id,
+        node.role
+    );
+    producer.wait_acks_since(Instant::now(), 100, "acknowledgements after the restart");
+    poller.wait_poll_after(Instant::now());
+    eprintln!(
+        "[{}] {svc} restarted by Swarm as container {new}, caught up in {:.1} s: {g}",
+        stack.name,
+        t0.elapsed().as_secs_f64()
+    );
+    steps.push(step_row(
+        &format!("kill {svc} (leader)"),
+        producer,
+        poller,
+        t0,
+        Instant::now(),
+    ));
 }

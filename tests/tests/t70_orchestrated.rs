@@ -22,6 +22,34 @@ impl Drop for Procs {
     }
 }
 
+fn pod_log(dir: &std::path::Path, ordinal: usize) -> std::path::PathBuf {
+    dir.join(format!("broker-a-{ordinal}.log"))
+}
+
+/// Starts pod `ordinal` of `broker-a`: every setting the same as its siblings' but its name (and
+/// the listen address a pod's own network namespace would give it for free).
+fn spawn_pod(
+    dir: &std::path::Path,
+    ordinal: usize,
+    template: &str,
+    port: u16,
+    ns_port: u16,
+) -> Child {
+    Command::new(bin("broker-node"))
+        .env("RAFTMQ_POD_NAME", format!("broker-a-{ordinal}"))
+        .env("RAFTMQ_PEER_TEMPLATE", template)
+        .env("RAFTMQ_GROUP_SIZE", "3")
+        .env("RAFTMQ_LISTEN", format!("127.0.0.1{ordinal}:{port}"))
+        .env("RAFTMQ_NAMESERVERS", format!("dns:localhost:{ns_port}"))
+        .env("RAFTMQ_REGISTER_INTERVAL_MS", "500")
+        .env("RAFTMQ_DATA_DIR", dir.join(format!("data-{ordinal}")))
+        .env("RUST_LOG", "info,openraft=warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(pod_log(dir, ordinal)).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 async fn role(addr: &str) -> Option<RoleView> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .ok()?
@@ -55,27 +83,15 @@ async fn t71_pods_find_their_identity_and_a_stopping_leader_hands_over() {
     let mut procs = Procs(vec![Some(nameserver)]);
     let template = format!("127.0.0.1{{ordinal}}:{port}");
     let addr = |ordinal: usize| format!("127.0.0.1{ordinal}:{port}");
-    let log = |ordinal: usize| dir.path().join(format!("broker-a-{ordinal}.log"));
+    let log = |ordinal: usize| pod_log(dir.path(), ordinal);
     for ordinal in 0..3 {
-        let child = Command::new(bin("broker-node"))
-            // The same settings for every pod but its name; the listen address is the one thing
-            // a pod's network namespace would give it for free.
-            .env("RAFTMQ_POD_NAME", format!("broker-a-{ordinal}"))
-            .env("RAFTMQ_PEER_TEMPLATE", &template)
-            .env("RAFTMQ_GROUP_SIZE", "3")
-            .env("RAFTMQ_LISTEN", addr(ordinal))
-            .env("RAFTMQ_NAMESERVERS", format!("dns:localhost:{ns_port}"))
-            .env("RAFTMQ_REGISTER_INTERVAL_MS", "500")
-            .env(
-                "RAFTMQ_DATA_DIR",
-                dir.path().join(format!("data-{ordinal}")),
-            )
-            .env("RUST_LOG", "info,openraft=warn")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log(ordinal)).unwrap())
-            .spawn()
-            .unwrap();
-        procs.0.push(Some(child));
+        procs.0.push(Some(spawn_pod(
+            dir.path(),
+            ordinal,
+            &template,
+            port,
+            ns_port,
+        )));
     }
     let addrs: Vec<String> = (0..3).map(addr).collect();
 
@@ -184,5 +200,155 @@ async fn t71_pods_find_their_identity_and_a_stopping_leader_hands_over() {
         leader.node_id,
         next.node_id,
         took.as_millis()
+    );
+}
+
+async fn status(addr: &str) -> Option<raftmq_proto::v1::NodeStatusResponse> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_millis(300))
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .ok()?;
+    raftmq_proto::v1::broker_service_client::BrokerServiceClient::new(ch)
+        .node_status(NodeStatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
+}
+
+/// 72. A rolling upgrade's guard: while one member of the group has never been heard from (as a
+///     member still on an old build counts), a command newer than the first release (creating a
+///     consumer group) is refused with UNAVAILABLE naming that member, and produce goes on; once
+///     the member answers with its feature level, the same command is accepted, and every node's
+///     status shows the group's level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t72_a_new_command_waits_until_every_member_can_apply_it() {
+    use raftmq_proto::v1::{CreateGroupRequest, ErrorCode, GroupConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ns_port = free_port(); // no nameserver listens: registration is not under test here
+    let template = format!("127.0.0.1{{ordinal}}:{port}");
+    let addr = |ordinal: usize| format!("127.0.0.1{ordinal}:{port}");
+    // Members 1 and 2 of a three-member group: a quorum, while member 3 has never started.
+    let mut procs = Procs(
+        (0..2)
+            .map(|o| Some(spawn_pod(dir.path(), o, &template, port, ns_port)))
+            .collect(),
+    );
+    let leader = wait_for(
+        "a leader of members 1 and 2",
+        Duration::from_secs(30),
+        || async {
+            let v = vec![(1, role(&addr(0)).await), (2, role(&addr(1)).await)];
+            find_leader(&v, LeaderRule::Agreed)
+        },
+    )
+    .await;
+    let leader_addr = addr((leader.node_id - 1) as usize);
+    let mut client = raftmq_tests::connect(&leader_addr).await;
+    let create = || CreateGroupRequest {
+        group: Some(GroupConfig {
+            name: "orders".into(),
+            ..Default::default()
+        }),
+        update: false,
+    };
+    let refused = client.create_group(create()).await.unwrap().into_inner();
+    let e = refused
+        .error
+        .expect("refused while member 3 was never heard from");
+    assert_eq!(e.code, ErrorCode::Unavailable as i32, "{e:?}");
+    assert!(
+        e.message.contains("node 3") && e.message.contains("upgrad"),
+        "names the member to upgrade: {}",
+        e.message
+    );
+    let st = status(&leader_addr).await.unwrap();
+    assert_eq!(st.group_command_tags, 5, "the first release's level");
+    assert!(st.command_tags > 5);
+    // The first release's commands are not held back: a topic is created and written to.
+    let t = client
+        .create_topic(raftmq_proto::v1::CreateTopicRequest {
+            name: "t".into(),
+            queues: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(raftmq_tests::code(&t.error), ErrorCode::Ok, "{:?}", t.error);
+    let sent = client
+        .send(raftmq_tests::send_request(
+            1,
+            1,
+            "t",
+            0,
+            vec![b"x".to_vec()],
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        raftmq_tests::code(&sent.error),
+        ErrorCode::Ok,
+        "{:?}",
+        sent.error
+    );
+
+    procs
+        .0
+        .push(Some(spawn_pod(dir.path(), 2, &template, port, ns_port)));
+    let created = wait_for(
+        "the group created once member 3 answers",
+        Duration::from_secs(30),
+        || {
+            let mut c = client.clone();
+            async move {
+                let r = c
+                    .create_group(create())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_inner();
+                match r.error {
+                    Some(e) if e.code != 0 => Err(e.message),
+                    _ => Ok(r.group),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(created.map(|g| g.name).as_deref(), Some("orders"));
+    for o in 0..3 {
+        let a = addr(o);
+        let st = wait_for(
+            "every node knows every member's level",
+            Duration::from_secs(15),
+            || {
+                let a = a.clone();
+                async move {
+                    let st = status(&a).await.ok_or("no answer")?;
+                    if st.group_command_tags == st.command_tags {
+                        Ok(st)
+                    } else {
+                        Err(format!(
+                            "group level {} of {}",
+                            st.group_command_tags, st.command_tags
+                        ))
+                    }
+                }
+            },
+        )
+        .await;
+        assert!(st.command_tags > 5);
+    }
+    assert!(
+        std::fs::read_to_string(dir.path().join("data-0/member-features"))
+            .unwrap()
+            .lines()
+            .count()
+            >= 2,
+        "what node 1 learnt is kept for a later leader"
     );
 }

@@ -210,6 +210,16 @@ pub enum Unavailable {
         /// The configured `full_watermark_pct`.
         watermark_pct: u8,
     },
+    /// A rolling upgrade is not finished: a member's build cannot apply this command yet.
+    #[error(
+        "node {node} of this group runs a build that applies command tags 0..{member_tags} only, \
+         and this request needs tag {tag}: finish upgrading every member first"
+    )]
+    MemberBehind {
+        node: u64,
+        member_tags: u32,
+        tag: u32,
+    },
 }
 
 /// Nothing the caller can fix: a defect, or a log entry this node cannot read.
@@ -332,6 +342,7 @@ impl Error {
                 Unavailable::Busy => ErrorCode::Busy,
                 Unavailable::DiskFull { .. } => ErrorCode::DiskFull,
                 Unavailable::CannotCommit { .. }
+                | Unavailable::MemberBehind { .. }
                 | Unavailable::CutOff
                 | Unavailable::CutOffAwaitingCommit
                 | Unavailable::SteppedDownAwaitingCommit => ErrorCode::Unavailable,

@@ -22,6 +22,7 @@
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod features;
 pub mod hint;
 pub mod metrics;
 pub mod node;
@@ -81,6 +82,7 @@ pub async fn serve(
     register::spawn(node.clone());
     retention::spawn(node.clone());
     preferred::spawn(node.clone());
+    features::spawn(node.clone());
     service::spawn_dead_letter_mover(node.clone());
 
     // The whole server ("") answers health checks as soon as it listens (liveness); the broker

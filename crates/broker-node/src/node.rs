@@ -55,6 +55,8 @@ pub struct Node {
     pub dead_letters: tokio::sync::Notify,
     /// Acks waiting to be folded into one `Ack` entry, per (group, topic).
     pub ack_lanes: Mutex<HashMap<(String, String), AckLane>>,
+    /// Which commands every member of the group applies (a rolling upgrade).
+    pub features: crate::features::Features,
 }
 
 /// Handles of one ack request and where its per-handle results go.
@@ -73,6 +75,7 @@ pub struct AckLane {
 impl Node {
     pub fn new(cfg: Config, address: String, member: Member<BrokerState>) -> Arc<Node> {
         let inflight = Arc::new(Semaphore::new(cfg.limits.inflight_sends_max));
+        let features = crate::features::Features::load(&cfg.data_dir);
         let node = Arc::new(Node {
             cfg,
             address,
@@ -84,6 +87,7 @@ impl Node {
             disk_full: AtomicBool::new(false),
             dead_letters: tokio::sync::Notify::new(),
             ack_lanes: Mutex::new(HashMap::new()),
+            features,
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {

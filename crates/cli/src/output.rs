@@ -47,6 +47,12 @@ pub struct NodeJson {
     pub catching_up: Option<CatchUpJson>,
     /// Ready: it leads, or follows a live leader and has caught up. `null` when down.
     pub ready: Option<bool>,
+    /// Its build's feature level: it applies command tags 0..command_tags (5 for builds before
+    /// the level was reported). `null` when down.
+    pub command_tags: Option<u32>,
+    /// The level every member of its group applies, as it knows them (a leader proposes nothing
+    /// above it: a rolling upgrade not finished). `null` when down.
+    pub group_command_tags: Option<u32>,
 }
 
 /// A node's catch-up in `cluster status --json`.
@@ -114,6 +120,11 @@ impl From<&ClusterStatus> for StatusJson {
                                         .and_then(|s| s.catch_up.as_ref())
                                         .map(CatchUpJson::from),
                                     ready: n.status.as_ref().map(|s| s.ready),
+                                    command_tags: n.status.as_ref().map(feature_level),
+                                    group_command_tags: n
+                                        .status
+                                        .as_ref()
+                                        .map(|s| s.group_command_tags.max(FIRST_RELEASE_LEVEL)),
                                 })
                                 .collect(),
                         })
@@ -272,6 +283,18 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The feature level of the first release's builds, which do not report one.
+const FIRST_RELEASE_LEVEL: u32 = 5;
+
+/// A node's feature level (command tags it applies); a build before the field reports 0.
+fn feature_level(s: &raftmq_client::NodeStatusResponse) -> u32 {
+    if s.command_tags == 0 {
+        FIRST_RELEASE_LEVEL
+    } else {
+        s.command_tags
+    }
+}
+
 /// `cluster status` as a table in the spirit of RocketMQ's `clusterList`.
 pub fn status_table(s: &ClusterStatus) -> String {
     let dash = || "-".to_string();
@@ -308,6 +331,15 @@ pub fn status_table(s: &ClusterStatus) -> String {
                     n.lag.map_or_else(dash, |l| l.to_string()),
                     rate(|s| s.produce_msgs_per_sec),
                     rate(|s| s.pull_msgs_per_sec),
+                    st.map_or_else(dash, |s| {
+                        let mine = feature_level(s);
+                        let group = s.group_command_tags.max(FIRST_RELEASE_LEVEL);
+                        if group < mine {
+                            format!("{mine} (group {group})")
+                        } else {
+                            mine.to_string()
+                        }
+                    }),
                 ]);
             }
         }
@@ -326,6 +358,7 @@ pub fn status_table(s: &ClusterStatus) -> String {
             "LAG",
             "PRODUCE/S",
             "PULL/S",
+            "FEATURES",
         ],
         &rows,
     )
@@ -398,7 +431,9 @@ mod tests {
             vec![
                 "address",
                 "applied",
+                "command_tags",
                 "committed",
+                "group_command_tags",
                 "lag",
                 "last_log_index",
                 "node_id",
@@ -409,7 +444,10 @@ mod tests {
         );
         assert_eq!(n["role"], "leader");
         assert_eq!(n["applied"], 9);
+        // A build before feature levels reports none: the first release's five commands.
+        assert_eq!(n["command_tags"], 5);
         assert_eq!(b["nodes"][1]["role"], "down");
+        assert!(b["nodes"][1]["command_tags"].is_null());
         assert!(b["nodes"][1]["term"].is_null());
     }
 

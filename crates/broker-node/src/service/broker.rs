@@ -122,14 +122,25 @@ impl BrokerService for Broker {
                 .into());
             }
             self.require_leader()?;
-            let (_, reply) = self
-                .propose(Command::ConfigureTopic {
+            // While a member still runs the first release (a roll in progress), a NORMAL topic
+            // is created with that release's command, which every member applies.
+            let cmd = if req.message_type == raftmq_proto::v1::TopicMessageType::Normal as i32
+                && self.group_command_tags() <= crate::features::FIRST_RELEASE_COMMAND_TAGS
+            {
+                Command::CreateTopic {
+                    name: req.name.clone(),
+                    queues: req.queues,
+                    update: req.update,
+                }
+            } else {
+                Command::ConfigureTopic {
                     name: req.name.clone(),
                     queues: req.queues,
                     update: req.update,
                     message_type: req.message_type as u32,
-                })
-                .await?;
+                }
+            };
+            let (_, reply) = self.propose(cmd).await?;
             match reply {
                 Reply::Ok => Ok(TopicConfig {
                     name: req.name,

@@ -26,7 +26,7 @@ use raftmq_raft_log::Role;
 
 use crate::command::{Command, Reply};
 use crate::config::check_name;
-use crate::error::{Error, Internal, Refused, Result};
+use crate::error::{Error, Internal, Refused, Result, Unavailable};
 use crate::node::Node;
 
 pub use pop::{spawn_dead_letter_mover, wall_ms};
@@ -88,9 +88,52 @@ impl Broker {
         self.require_leader()
     }
 
+    /// The command tags every member of the group applies, as this node knows them.
+    fn group_command_tags(&self) -> u32 {
+        let st = self.node.member.status();
+        self.node
+            .features
+            .group(
+                self.node.cfg.node_id,
+                st.voters.iter().chain(&st.learners).copied(),
+            )
+            .0
+    }
+
     /// Replicates a command and returns its log index and the state machine's reply.
     async fn propose(&self, cmd: Command) -> Result<(u64, Reply)> {
-        let (index, bytes) = self.node.member.propose(cmd.encode().into()).await?;
+        let encoded = cmd.encode();
+        // A command newer than the first release waits until every member can apply it.
+        if let Some(tag) = crate::features::tag_of(&encoded)
+            && tag >= crate::features::FIRST_RELEASE_COMMAND_TAGS
+        {
+            let st = self.node.member.status();
+            let members: Vec<u64> = st.voters.iter().chain(&st.learners).copied().collect();
+            let me = self.node.cfg.node_id;
+            let mut group = self.node.features.group(me, members.iter().copied());
+            if tag >= group.0 {
+                // Members never heard from (a group that just started) are asked once, now.
+                let unknown: Vec<u64> = members
+                    .iter()
+                    .copied()
+                    .filter(|m| *m != me && self.node.features.of(*m).is_none())
+                    .collect();
+                if !unknown.is_empty() {
+                    crate::features::ask(&self.node, &unknown).await;
+                    group = self.node.features.group(me, members.iter().copied());
+                }
+            }
+            let (group, lowest) = group;
+            if tag >= group {
+                return Err(Unavailable::MemberBehind {
+                    node: lowest.unwrap_or(self.node.cfg.node_id),
+                    member_tags: group,
+                    tag,
+                }
+                .into());
+            }
+        }
+        let (index, bytes) = self.node.member.propose(encoded.into()).await?;
         let reply = Reply::decode(&bytes).map_err(|err| Internal::BadReply {
             reason: err.to_string(),
         })?;

@@ -52,6 +52,7 @@ impl Broker {
                     reachable: p.reachable,
                     bytes_per_sec: p.bytes_per_sec,
                     catch_up: p.catch_up.as_ref().map(catch_up_status),
+                    command_tags: n.features.of(p.node_id),
                 })
                 .collect(),
             read_hint: Some(ReadHintConfig {
@@ -69,6 +70,11 @@ impl Broker {
             repairing_to: n.member.repairing().map(|(_, floor)| floor),
             catch_up: st.catch_up.as_ref().map(catch_up_status),
             ready: n.member.ready(),
+            command_tags: crate::command::COMMAND_TAGS,
+            group_command_tags: n
+                .features
+                .group(n.cfg.node_id, st.voters.iter().chain(&st.learners).copied())
+                .0,
         }
     }
 }

@@ -5,7 +5,8 @@
 //! 2. v2 send: `count` messages with SendMessage, one message per call as the official clients
 //!    send them, `inflight` calls at once, spread over every node of the group as the official
 //!    clients' queue rotation spreads them (a follower forwards to the leader);
-//! 3. v2 receive + ack: `consumers` POP consumers of a new group, each ReceiveMessage of up to
+//! 3. v2 no-op calls: as many Heartbeats, the same way: the cost of one call per message alone;
+//! 4. v2 receive + ack: `consumers` POP consumers of a new group, each ReceiveMessage of up to
 //!    `batch` then one AckMessage with every handle, until all `2 × count` messages are acked.
 //!
 //! Progress on stderr each second; figures as a table (or one JSON object with `--json`).
@@ -118,16 +119,25 @@ fn progress(what: &'static str, done: Arc<AtomicU64>, total: u64) -> tokio::task
     })
 }
 
-async fn v2_send(
+/// Makes call `n` on a client; `Err` carries why it failed.
+type Call = Box<
+    dyn Fn(
+        MessagingServiceClient<Channel>,
+        u64,
+    ) -> futures::future::BoxFuture<'static, std::result::Result<(), String>>,
+>;
+
+/// `count` calls made by `call`, `inflight` at once, spread over every node in turn.
+async fn call_loop(
+    name: &'static str,
     nodes: &[String],
-    topic: &str,
     count: u64,
-    size: usize,
     inflight: usize,
+    call: Call,
 ) -> Result<Phase> {
     let clients: Vec<_> = nodes.iter().map(|a| v2_client(a)).collect::<Result<_>>()?;
     let done = Arc::new(AtomicU64::new(0));
-    let ticker = progress("v2 send", done.clone(), count);
+    let ticker = progress(name, done.clone(), count);
     let mut pending = FuturesUnordered::new();
     let (mut sent, mut failed) = (0u64, 0u64);
     let mut first_error = None;
@@ -135,29 +145,12 @@ async fn v2_send(
     let t0 = Instant::now();
     while done.load(Ordering::Relaxed) + failed < count {
         while sent < count && pending.len() < inflight.max(1) {
-            let mut c = clients[sent as usize % clients.len()].clone();
-            let message = pb::Message {
-                topic: Some(resource(topic)),
-                user_properties: Default::default(),
-                system_properties: Some(pb::SystemProperties {
-                    message_id: format!("BENCH{sent:016X}"),
-                    body_encoding: pb::Encoding::Identity as i32,
-                    message_type: pb::MessageType::Normal as i32,
-                    born_host: "bench".into(),
-                    ..Default::default()
-                }),
-                body: generated_body(1_000_000_000 + sent, size),
-            };
+            let c = clients[sent as usize % clients.len()].clone();
+            let fut = call(c, sent);
             sent += 1;
             pending.push(async move {
                 let t = Instant::now();
-                let req = with_client_id(
-                    pb::SendMessageRequest {
-                        messages: vec![message],
-                    },
-                    "bench-producer",
-                );
-                let r = c.send_message(req).await;
+                let r = fut.await;
                 (t.elapsed(), r)
             });
         }
@@ -165,31 +158,89 @@ async fn v2_send(
             break;
         };
         match r {
-            Ok(resp) if is_ok(&resp.get_ref().status) => {
+            Ok(()) => {
                 done.fetch_add(1, Ordering::Relaxed);
                 lat.push(d);
             }
-            Ok(resp) => {
-                failed += 1;
-                first_error.get_or_insert_with(|| status_text(&resp.get_ref().status));
-            }
             Err(e) => {
                 failed += 1;
-                first_error.get_or_insert_with(|| e.to_string());
+                first_error.get_or_insert(e);
             }
         }
     }
     ticker.abort();
     if let Some(e) = first_error {
-        eprintln!("v2 send: {failed} failed, first: {e}");
+        eprintln!("{name}: {failed} failed, first: {e}");
     }
     Ok(Phase {
-        name: "v2 send (1 msg per call)",
+        name,
         messages: done.load(Ordering::Relaxed),
         failed,
         elapsed: t0.elapsed(),
         latency: summarize(&mut lat),
     })
+}
+
+fn reply_status(
+    r: std::result::Result<Option<pb::Status>, tonic::Status>,
+) -> std::result::Result<(), String> {
+    match r {
+        Ok(st) if is_ok(&st) => Ok(()),
+        Ok(st) => Err(status_text(&st)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn v2_send(
+    nodes: &[String],
+    topic: &str,
+    count: u64,
+    size: usize,
+    inflight: usize,
+) -> Result<Phase> {
+    let topic = topic.to_string();
+    let call: Call = Box::new(move |mut c, n| {
+        let message = pb::Message {
+            topic: Some(resource(&topic)),
+            user_properties: Default::default(),
+            system_properties: Some(pb::SystemProperties {
+                message_id: format!("BENCH{n:016X}"),
+                body_encoding: pb::Encoding::Identity as i32,
+                message_type: pb::MessageType::Normal as i32,
+                born_host: "bench".into(),
+                ..Default::default()
+            }),
+            body: generated_body(1_000_000_000 + n, size),
+        };
+        Box::pin(async move {
+            let req = with_client_id(
+                pb::SendMessageRequest {
+                    messages: vec![message],
+                },
+                "bench-producer",
+            );
+            reply_status(c.send_message(req).await.map(|r| r.into_inner().status))
+        })
+    });
+    call_loop("v2 send (1 msg per call)", nodes, count, inflight, call).await
+}
+
+/// The same number of calls that do nothing (Heartbeat): what one call per message costs on this
+/// machine, the ceiling of a client that sends one message per call.
+async fn v2_noop(nodes: &[String], count: u64, inflight: usize) -> Result<Phase> {
+    let call: Call = Box::new(|mut c, _| {
+        Box::pin(async move {
+            let req = with_client_id(
+                pb::HeartbeatRequest {
+                    group: None,
+                    client_type: pb::ClientType::Producer as i32,
+                },
+                "bench-producer",
+            );
+            reply_status(c.heartbeat(req).await.map(|r| r.into_inner().status))
+        })
+    });
+    call_loop("v2 no-op call (Heartbeat)", nodes, count, inflight, call).await
 }
 
 async fn v2_receive_ack(
@@ -340,6 +391,11 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
         nodes.len()
     );
     let v2 = v2_send(&nodes, &topic, args.count, args.size, args.inflight).await?;
+    eprintln!(
+        "v2 no-op calls: {} Heartbeats, the ceiling of one call per message",
+        args.count
+    );
+    let noop = v2_noop(&nodes, args.count, args.inflight).await?;
     let total = v1.messages + v2.messages;
     eprintln!(
         "v2 receive+ack: {total} messages, {} consumers, batch {}",
@@ -347,7 +403,7 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
     );
     let pop = v2_receive_ack(&nodes, &topic, &args, total).await?;
     let cpu_steal_pct = steal.pct();
-    let phases = [&v1, &v2, &pop];
+    let phases = [&v1, &v2, &noop, &pop];
     let ratio = throughput(v2.messages, args.size, v2.elapsed).msgs_per_sec
         / throughput(v1.messages, args.size, v1.elapsed)
             .msgs_per_sec
@@ -402,6 +458,13 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
             )
         );
         println!("v2 send / v1 produce: {:.0}%", ratio * 100.0);
+        println!(
+            "v2 send / v2 no-op calls: {:.0}% (one call per message cannot beat the no-op rate)",
+            100.0 * throughput(v2.messages, args.size, v2.elapsed).msgs_per_sec
+                / throughput(noop.messages, 0, noop.elapsed)
+                    .msgs_per_sec
+                    .max(1e-9)
+        );
         if let Some(pct) = cpu_steal_pct {
             println!("{}", steal_line(pct));
         }

@@ -51,18 +51,7 @@ fn spawn_pod(
 }
 
 async fn role(addr: &str) -> Option<RoleView> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .ok()?
-        .connect_timeout(Duration::from_millis(300))
-        .timeout(Duration::from_millis(500))
-        .connect()
-        .await
-        .ok()?;
-    raftmq_proto::v1::broker_service_client::BrokerServiceClient::new(ch)
-        .node_status(NodeStatusRequest {})
-        .await
-        .ok()
-        .map(|r| RoleView::from(&r.into_inner()))
+    status(addr).await.as_ref().map(RoleView::from)
 }
 
 /// 71. Three nodes started with only `RAFTMQ_POD_NAME` different find their ids, peers and

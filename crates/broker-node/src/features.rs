@@ -134,17 +134,21 @@ pub async fn ask(node: &Node, ids: &[u64]) {
     }
 }
 
-/// Asks every other member for its command tags every [`POLL`] (every 200 ms while some member
-/// was never heard from).
+/// Asks every other member for its command tags every [`POLL`] (every 200 ms while the
+/// membership is not known yet or some member was never heard from).
 pub fn spawn(node: Arc<Node>) {
     tokio::spawn(async move {
         loop {
             let st = node.member.status();
             let members: Vec<u64> = st.voters.iter().chain(&st.learners).copied().collect();
             ask(&node, &members).await;
-            let unknown = members
-                .iter()
-                .any(|m| *m != node.cfg.node_id && node.features.of(*m).is_none());
+            // Until the membership is known (a fresh group forms within a second or two) and
+            // every other member has answered, ask again soon: a member killed early must be
+            // heard before it goes, or it holds the group's level down while it is away.
+            let unknown = members.iter().all(|m| *m == node.cfg.node_id)
+                || members
+                    .iter()
+                    .any(|m| *m != node.cfg.node_id && node.features.of(*m).is_none());
             tokio::time::sleep(if unknown {
                 Duration::from_millis(200)
             } else {

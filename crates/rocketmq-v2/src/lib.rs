@@ -33,6 +33,8 @@
 //! - [`pb`]: the generated v2 types and service stubs (`proto/apache/rocketmq/v2`).
 //! - [`service`]: [`Front`], the `MessagingService` implementation.
 //! - [`combine`]: folds concurrent sends to one queue into one v1 `Send` (one Raft entry).
+//! - [`resend`]: a client's retry of a send (same message id) waits for the first, so it is
+//!   stored once.
 //! - [`forward`]: the one helper every forwarded v1 call goes through (in-process, leader, other
 //!   group; retried through an election) and the channel pool.
 //! - [`route`]: nameserver routes (cached) and the v2 queues built from them (pure).
@@ -44,6 +46,7 @@ pub mod codes;
 pub mod combine;
 pub mod convert;
 pub mod forward;
+pub mod resend;
 pub mod route;
 pub mod service;
 pub mod settings;

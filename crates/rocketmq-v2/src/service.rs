@@ -27,6 +27,7 @@ use crate::pb::{
     receive_message_response::Content as RecvContent, settings::PubSub,
     telemetry_command::Command as TelemetryCmd,
 };
+use crate::resend;
 use crate::route::{self, Routes};
 use crate::settings::{self, parse_grpc_timeout, poll_time};
 
@@ -44,6 +45,9 @@ const CONFIG_TTL: Duration = Duration::from_secs(3);
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Clients not heard from in this long are forgotten.
 const CLIENT_IDLE_MAX: Duration = Duration::from_secs(300);
+/// How long a batch whose outcome is unknown is sent again (same sequence) before its senders
+/// get the error: longer than the official clients' three attempts of 3 s.
+const SEND_RETRY_WINDOW: Duration = Duration::from_secs(12);
 /// Idempotent-producer lanes of one front: a retried send must still be in its lane's window of
 /// recent sequences (256 on the broker), so 16 lanes cover 4096 sends during one retry.
 const PRODUCER_LANES: u64 = 16;
@@ -78,6 +82,8 @@ struct Inner<B> {
     sequence: AtomicU64,
     /// Folds concurrent sends to one queue.
     combiner: Arc<combine::Combiner>,
+    /// Sends by client message id, so a client's retry is stored once.
+    resends: resend::Memo,
     rotation: AtomicUsize,
 }
 
@@ -173,6 +179,7 @@ impl<B: BrokerService> Front<B> {
                 producer_base: base,
                 sequence: AtomicU64::new(1),
                 combiner: Arc::default(),
+                resends: resend::Memo::default(),
                 rotation: AtomicUsize::new(0),
             }),
         }
@@ -442,32 +449,50 @@ impl<B: BrokerService> Inner<B> {
             .get(&topic)
             .copied()
             .unwrap_or(TopicMessageType::Normal);
-        let mut by_queue: BTreeMap<u32, Vec<(usize, v1::Message)>> = BTreeMap::new();
-        for (i, m) in msgs.iter().enumerate() {
+        let mut planned = Vec::with_capacity(msgs.len());
+        for m in msgs {
             check_type(&topic, topic_type, convert::message_type(m))?;
             let stored = convert::to_v1(m, self.cfg.body_bytes_max)?;
-            by_queue
-                .entry(self.choose_queue(m, g.queues))
-                .or_default()
-                .push((i, stored));
+            planned.push((self.choose_queue(m, g.queues), stored));
         }
         let target = self.target_of_route(g);
         let limits = combine::BatchLimits {
             messages: self.cfg.batch_messages_max.max(1),
             bytes: self.cfg.batch_bytes_max.max(1),
         };
-        let mut offsets = vec![0i64; msgs.len()];
-        for (queue, items) in by_queue {
-            let (idx, messages): (Vec<usize>, Vec<v1::Message>) = items.into_iter().unzip();
-            let send = self.batch_sender(target.clone(), topic.clone(), queue);
-            let got = self
-                .combiner
-                .send(&topic, queue, messages, limits, send)
-                .await?;
-            for (k, i) in idx.into_iter().enumerate() {
-                offsets[i] = got.get(k).map_or(-1, |o| *o as i64);
-            }
-        }
+        let ids: Vec<String> = msgs.iter().map(message_id).collect();
+        let me = self.clone();
+        let offsets = self
+            .resends
+            .send(&ids, move |fresh: Vec<usize>| {
+                Box::pin(async move {
+                    let mut by_queue: BTreeMap<u32, Vec<(usize, v1::Message)>> = BTreeMap::new();
+                    let mut planned: Vec<Option<(u32, v1::Message)>> =
+                        planned.into_iter().map(Some).collect();
+                    for (k, &i) in fresh.iter().enumerate() {
+                        let (queue, m) = planned[i].take().expect("each message sent once");
+                        by_queue.entry(queue).or_default().push((k, m));
+                    }
+                    let mut offsets = vec![0u64; fresh.len()];
+                    for (queue, items) in by_queue {
+                        let (idx, messages): (Vec<usize>, Vec<v1::Message>) =
+                            items.into_iter().unzip();
+                        let send = me.batch_sender(target.clone(), topic.clone(), queue);
+                        let got = me
+                            .combiner
+                            .send(&topic, queue, messages, limits, send)
+                            .await?;
+                        for (j, k) in idx.into_iter().enumerate() {
+                            offsets[k] = got.get(j).copied().unwrap_or(u64::MAX);
+                        }
+                    }
+                    Ok(offsets)
+                })
+            })
+            .await?;
+        let offsets = offsets
+            .into_iter()
+            .map(|o| if o == u64::MAX { -1 } else { o as i64 });
         Ok(msgs
             .iter()
             .zip(offsets)
@@ -500,8 +525,23 @@ impl<B: BrokerService> Inner<B> {
                     producer_id: me.producer_base + seq % PRODUCER_LANES,
                     sequence: seq,
                 };
-                let reply = me.fwd.call_ok(&target, req, CALL_TIMEOUT).await?;
-                Ok(reply.results.iter().map(|r| r.offset).collect())
+                // An unknown outcome (no leader yet, a node that went away, a deadline) is
+                // retried with the same sequence for longer than the forwarder's window: the
+                // callers' own retries wait for this batch (see `resend`), not for a new one.
+                let started = Instant::now();
+                loop {
+                    match me.fwd.call_ok(&target, req.clone(), CALL_TIMEOUT).await {
+                        Ok(reply) => return Ok(reply.results.iter().map(|r| r.offset).collect()),
+                        Err(e)
+                            if e.code() == Code::ProxyTimeout
+                                && started.elapsed() < SEND_RETRY_WINDOW =>
+                        {
+                            tracing::debug!(error = %e, "send outcome unknown; sending again");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             })
         })
     }

@@ -238,6 +238,32 @@ impl Cluster {
             .node_id
     }
 
+    /// Waits until every running node knows that every member applies all its commands (its
+    /// status' group feature level equals its own): a fresh group learns it within a second.
+    pub async fn wait_feature_levels(&self, timeout: Duration) -> Result<(), WaitTimeout> {
+        probe::wait_for(
+            "every node knows every member's build",
+            timeout,
+            POLL,
+            || async {
+                for id in self.nodes.keys().copied().filter(|id| self.is_up(*id)) {
+                    let st = self
+                        .status(id)
+                        .await
+                        .ok_or(format!("node {id}: no status"))?;
+                    if st.group_command_tags != st.command_tags {
+                        return Err(format!(
+                            "node {id}: group level {} of {}",
+                            st.group_command_tags, st.command_tags
+                        ));
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
     /// Creates a topic on the agreed leader; panics with the broker's error if it refuses.
     pub async fn create_topic(&self, name: &str, queues: u32) {
         let leader = self.leader().await;
@@ -338,6 +364,7 @@ pub fn send_request(
             .collect(),
         producer_id,
         sequence: seq,
+        dedup_property: String::new(),
     }
 }
 

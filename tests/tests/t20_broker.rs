@@ -683,6 +683,7 @@ async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit(
             }],
             producer_id: 77,
             sequence: 1,
+            ..Default::default()
         };
         cl.send(req).await.map(|r| r.into_inner())
     });

@@ -38,9 +38,13 @@ async fn run_pop(seed: u64, plan: FaultPlan) {
 }
 
 async fn run_cfg(seed: u64, plan: FaultPlan, pop: Option<PopCfg>) -> raftmq_tests::history::Report {
-    let _serial = SERIAL.lock().await;
     let mut cfg = ScenarioCfg::new(seed, plan);
     cfg.pop = pop;
+    run_scenario_cfg(cfg).await
+}
+
+async fn run_scenario_cfg(mut cfg: ScenarioCfg) -> raftmq_tests::history::Report {
+    let _serial = SERIAL.lock().await;
     cfg.acks_between = 30;
     cfg.calm = Duration::from_secs(3);
     cfg.max_duration = Duration::from_secs(90);
@@ -170,4 +174,30 @@ async fn t37_pop_consumers_lose_nothing_under_faults() {
         ]),
     )
     .await;
+}
+
+/// 38. Producers send every attempt of a batch as a new batch (a new sequence), as a RocketMQ 5
+///     client's retry through another node is, with a message id in each message: the group's
+///     replicated record of stored ids (`SendOnce`) must store each once while the leader is
+///     killed, paused, a follower killed, every node loses power and the leader is cut off. The
+///     checker counts a message stored twice as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t38_retries_sent_as_new_batches_are_stored_once_under_faults() {
+    let mut cfg = ScenarioCfg::new(
+        38,
+        FaultPlan::Fixed(vec![
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+            FaultKind::KillFollower,
+            FaultKind::PowerLossAll,
+            FaultKind::PartitionLeader,
+            FaultKind::PauseLeaderKillFollower,
+        ]),
+    );
+    cfg.workload.new_batch_per_attempt = true;
+    let report = run_scenario_cfg(cfg).await;
+    assert!(
+        report.retried_ops > 0,
+        "no send was retried, so nothing was tested:\n{report}"
+    );
 }

@@ -166,3 +166,50 @@ async fn t92_retries_through_a_frozen_leader_store_one_copy() {
     )
     .await;
 }
+
+/// 93. A retry through another node (the official clients send to any node of the route, and
+///     retry elsewhere when one does not answer) is stored once as well: the group remembers
+///     the ids it stored, as replicated state. A call of two messages, one of them stored
+///     before, stores only the new one and answers the first copy's offset for the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t93_retry_through_another_node_is_stored_once() {
+    let topic = "v2-resend-elsewhere";
+    let c = Cluster::start(3, &[]).await;
+    c.create_topic(topic, QUEUES).await;
+    let ids: Vec<u64> = c.nodes.keys().copied().collect();
+    let long = Duration::from_secs(10);
+    let mut fronts = Vec::new();
+    for id in &ids {
+        fronts.push(v2_client(&c.nodes[id].addr));
+    }
+    // Every member must be known to apply the command first (the group's feature level).
+    c.wait_feature_levels(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let mut offsets = Vec::new();
+    for f in fronts.iter_mut() {
+        offsets.push(send(f, topic, "ID-X", long).await.unwrap());
+    }
+    assert!(
+        offsets.iter().all(|o| *o == offsets[0]),
+        "every node answers the first copy's offset: {offsets:?}"
+    );
+
+    let mut two = tonic::Request::new(pb::SendMessageRequest {
+        messages: vec![message(topic, "ID-Y"), message(topic, "ID-X")],
+    });
+    two.set_timeout(long);
+    let r = fronts[1].send_message(two).await.unwrap().into_inner();
+    assert_eq!(r.status.unwrap_or_default().code, pb::Code::Ok as i32);
+    assert_eq!(
+        r.entries[1].offset, offsets[0],
+        "ID-X: the first copy's offset"
+    );
+
+    let leader = c.leader().await;
+    let n = stored(&c.nodes[&leader].addr, topic).await.unwrap();
+    assert_eq!(n.get("body of ID-X"), Some(&1), "stored: {n:?}");
+    assert_eq!(n.get("body of ID-Y"), Some(&1), "stored: {n:?}");
+    assert_eq!(n.values().sum::<usize>(), 2, "stored: {n:?}");
+}

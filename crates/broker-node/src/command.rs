@@ -6,9 +6,9 @@
 //! A command is the postcard encoding of [`Command`], with no header (as every earlier build wrote
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
-//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11), then the variant's fields in declaration order. Integers are
-//! varints, `bool` one byte, strings and byte strings a varint length then the bytes, a vector a
-//! varint count then its items. A `Send` is
+//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12), then the variant's fields in
+//! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
+//! length then the bytes, a vector a varint count then its items. A `Send` is
 //!
 //! ```text
 //! 02 | topic | queue | producer_id | sequence | timestamp_ms | count | message × count
@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 12;
+pub const COMMAND_TAGS: u32 = 13;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -190,6 +190,19 @@ pub enum CommandOf<B> {
         timestamp_ms: u64,
         messages: Vec<B>,
     },
+    /// A `Send` whose messages carry a client's message id in the property `id_property`: when
+    /// the group stored any of those ids lately in this topic (see `state::SentIds`), apply
+    /// stores nothing and answers [`Reply::SentBefore`]; else it stores the batch as a `Send`
+    /// does and remembers the ids. A message without the property is never a copy.
+    SendOnce {
+        topic: String,
+        queue: u32,
+        producer_id: u64,
+        sequence: u64,
+        timestamp_ms: u64,
+        id_property: String,
+        messages: Vec<B>,
+    },
 }
 
 /// The state machine's answer to a command. The variant index is the tag: append only, never
@@ -228,6 +241,9 @@ pub enum Reply {
     InvalidHandle(String),
     GroupNotFound(String),
     GroupExists(String),
+    /// A `SendOnce` that stored nothing because some of its messages were stored before: per
+    /// message, in order, where its first copy is (queue, offset), or `None` for a new one.
+    SentBefore(Vec<Option<(u32, u64)>>),
 }
 
 pub type Command = CommandOf<StoredBody>;
@@ -237,7 +253,9 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         // A send is sized up front: growing the buffer by doubling would copy every body again.
         let size = match self {
-            CommandOf::Send { messages, .. } | CommandOf::DeadLetter { messages, .. } => messages
+            CommandOf::Send { messages, .. }
+            | CommandOf::SendOnce { messages, .. }
+            | CommandOf::DeadLetter { messages, .. } => messages
                 .iter()
                 .map(|m| {
                     m.body.len()
@@ -270,6 +288,11 @@ impl<'a> CommandView<'a> {
     pub fn stored(&self) -> Option<(&[BodyView<'a>], u64)> {
         match self {
             CommandOf::Send {
+                messages,
+                timestamp_ms,
+                ..
+            }
+            | CommandOf::SendOnce {
                 messages,
                 timestamp_ms,
                 ..

@@ -310,7 +310,8 @@ impl Error {
             | Reply::Sent { .. }
             | Reply::Popped { .. }
             | Reply::Acked(_)
-            | Reply::Changed { .. } => return None,
+            | Reply::Changed { .. }
+            | Reply::SentBefore(_) => return None,
         })
     }
 

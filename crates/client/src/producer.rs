@@ -693,6 +693,8 @@ impl SendJob {
                 .collect(),
             producer_id: self.producer_id,
             sequence: self.sequence,
+            // The producer window already stores a retried batch once.
+            dedup_property: String::new(),
         };
         let result = self
             .router

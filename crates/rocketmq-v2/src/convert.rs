@@ -29,7 +29,8 @@ use crate::pb::{self, Code, DigestType, Encoding, MessageType};
 
 /// The prefix of the properties the front stores for itself.
 pub const RESERVED_PREFIX: &str = "__rmq.";
-const P_MSGID: &str = "__rmq.msgid";
+/// The stored property holding the client's message id.
+pub const P_MSGID: &str = "__rmq.msgid";
 const P_BORN_TS: &str = "__rmq.born_ts";
 const P_BORN_HOST: &str = "__rmq.born_host";
 const P_ENC: &str = "__rmq.enc";

@@ -524,6 +524,8 @@ impl<B: BrokerService> Inner<B> {
                     messages,
                     producer_id: me.producer_base + seq % PRODUCER_LANES,
                     sequence: seq,
+                    // A retry through another node's front is stored once too.
+                    dedup_property: convert::P_MSGID.to_string(),
                 };
                 // An unknown outcome (no leader yet, a node that went away, a deadline) is
                 // retried with the same sequence for longer than the forwarder's window: the

@@ -29,6 +29,7 @@ pub fn check(hist: &History, reads: &BTreeMap<u64, NodeRead>, seed: u64) -> Repo
         match &o.outcome {
             Outcome::Acked { offsets, .. } => {
                 r.acked_ops += 1;
+                r.retried_ops += (o.attempts > 1) as u64;
                 r.acked_msgs += offsets.len() as u64;
             }
             Outcome::Failed(_) => r.failed_ops += 1,

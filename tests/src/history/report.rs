@@ -27,6 +27,8 @@ pub struct Report {
     pub seed: u64,
     pub ops: u64,
     pub acked_ops: u64,
+    /// Acknowledged sends that took more than one attempt.
+    pub retried_ops: u64,
     pub acked_msgs: u64,
     pub failed_ops: u64,
     pub unknown_ops: u64,
@@ -263,11 +265,12 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "seed {}: ops {} (acked {}, failed {}, unknown {}), acked msgs {}, read msgs {}, \
-             offset commits {}",
+            "seed {}: ops {} (acked {}, {} of them retried, failed {}, unknown {}), acked msgs {}, \
+             read msgs {}, offset commits {}",
             self.seed,
             self.ops,
             self.acked_ops,
+            self.retried_ops,
             self.failed_ops,
             self.unknown_ops,
             self.acked_msgs,

@@ -180,6 +180,12 @@ async fn scenario(
     hist_out: &mut Option<Arc<History>>,
 ) -> Result<Report, String> {
     create_topic(c, TOPIC).await?;
+    if cfg.workload.new_batch_per_attempt {
+        // Until then a leader stores every copy (it cannot know every member applies SendOnce).
+        c.wait_feature_levels(Duration::from_secs(20))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
     let converge_timeout = cfg
         .large_log
         .as_ref()

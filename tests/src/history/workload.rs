@@ -54,7 +54,13 @@ pub struct HistProducer {
     addrs: Vec<String>,
     rr: usize,
     clients: Clients,
+    /// Each attempt of a batch is a new batch (a new sequence), as a RocketMQ 5 client's retry
+    /// through another node is; the messages carry ids ([`ID_PROPERTY`]) the group stores once.
+    pub new_batch_per_attempt: bool,
 }
+
+/// The property holding a message's id when [`HistProducer::new_batch_per_attempt`] is set.
+pub const ID_PROPERTY: &str = "hist.id";
 
 impl HistProducer {
     pub fn new(id: u64, addrs: Vec<String>) -> HistProducer {
@@ -71,6 +77,7 @@ impl HistProducer {
             addrs,
             rr: 0,
             clients: Clients::default(),
+            new_batch_per_attempt: false,
         }
     }
 
@@ -85,7 +92,7 @@ impl HistProducer {
     ) -> Outcome {
         self.seq += 1;
         let seq = self.seq;
-        let req = SendRequest {
+        let mut req = SendRequest {
             topic: self.topic.clone(),
             queue,
             messages: (0..count)
@@ -104,7 +111,15 @@ impl HistProducer {
                 .collect(),
             producer_id: self.id,
             sequence: seq,
+            dedup_property: String::new(),
         };
+        if self.new_batch_per_attempt {
+            req.dedup_property = ID_PROPERTY.into();
+            for (idx, m) in req.messages.iter_mut().enumerate() {
+                m.properties
+                    .insert(ID_PROPERTY.into(), format!("{}.{seq}.{idx}", self.id));
+            }
+        }
         let start = hist.now();
         let t = Instant::now();
         let mut definite = true;
@@ -120,6 +135,9 @@ impl HistProducer {
                 };
             }
             attempts += 1;
+            if self.new_batch_per_attempt {
+                req.sequence = (seq << 20) | attempts as u64;
+            }
             let mut c = self.clients.get(&self.target).await;
             match tokio::time::timeout(ATTEMPT_TIMEOUT, c.send(req.clone())).await {
                 Ok(Ok(r)) => {
@@ -202,6 +220,9 @@ pub struct WorkloadCfg {
     pub op_deadline: Duration,
     pub batch_max: u32,
     pub body_len_max: usize,
+    /// Producers send each attempt as a new batch with message ids (see
+    /// [`HistProducer::new_batch_per_attempt`]).
+    pub new_batch_per_attempt: bool,
 }
 
 impl Default for WorkloadCfg {
@@ -212,6 +233,7 @@ impl Default for WorkloadCfg {
             op_deadline: Duration::from_secs(5),
             batch_max: 4,
             body_len_max: 256,
+            new_batch_per_attempt: false,
         }
     }
 }
@@ -227,6 +249,7 @@ pub(super) async fn producer_loop(
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id << 32));
     let mut p = HistProducer::new(id, addrs);
+    p.new_batch_per_attempt = cfg.new_batch_per_attempt;
     for _ in 0..cfg.max_ops_per_producer {
         if stop.load(Ordering::Relaxed) || Instant::now() >= until {
             break;

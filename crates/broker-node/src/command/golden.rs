@@ -150,6 +150,23 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "0b026731066f726465727301070083d095ffbc3101016b017401780101610162",
         ),
+        (
+            Command::SendOnce {
+                topic: "orders".into(),
+                queue: 3,
+                producer_id: 9,
+                sequence: 10,
+                timestamp_ms: 1_700_000_000_004,
+                id_property: "id".into(),
+                messages: vec![StoredBody {
+                    key: String::new(),
+                    tag: "t".into(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![("id".into(), "M1".into())],
+                }],
+            },
+            "0c066f726465727303090a84d095ffbc3102696401000174017801026964024d31",
+        ),
     ]
 }
 
@@ -192,6 +209,10 @@ fn replies() -> Vec<(Reply, &'static str)> {
         (Reply::InvalidHandle("h".into()), "080168"),
         (Reply::GroupNotFound("g1".into()), "09026731"),
         (Reply::GroupExists("g1".into()), "0a026731"),
+        (
+            Reply::SentBefore(vec![Some((3, 1000)), None]),
+            "0b020103e80700",
+        ),
     ]
 }
 
@@ -343,18 +364,57 @@ fn state_v2() -> BrokerState {
 
 const STATE_V2_GOLDEN: &str = "ffffffffffffffffffff0200000002046669666f010000066f7264657273020000000301026731066f72646572730102012a020107010003020702030101046669666f01e8070102673103000001026731066f726465727301010100dc0b01070000";
 
+/// Version 2, written by earlier builds: still restores (no client message ids remembered).
 #[test]
-fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
-    let snap = state_v2().snapshot();
-    println!("state\n  {}", hex(&snap));
-    assert_eq!(hex(&snap), STATE_V2_GOLDEN);
+fn a_version_2_broker_state_snapshot_still_restores() {
     let mut back = BrokerState::default();
     back.restore(&unhex(STATE_V2_GOLDEN)).unwrap();
+    back.topic_version -= 1;
+    assert_eq!(back.snapshot(), state_v2().snapshot());
+    assert_eq!(back.topic_type("fifo"), 1);
+    let pq = &back.pop.queues[&("g1".into(), "orders".into(), 1)];
+    assert_eq!((pq.next, pq.inflight[&0].deadline_ms), (1, 1500));
+    assert!(back.sent_ids.is_empty());
+}
+
+/// [`state_v2`] plus a message stored with a client message id: version 3's fields.
+fn state_v3() -> BrokerState {
+    let mut st = state_v2();
+    st.apply(9, 1, &commands()[12].0.encode());
+    st.apply(
+        10,
+        1,
+        &Command::CreateTopic {
+            name: "orders".into(),
+            queues: 4,
+            update: true,
+        }
+        .encode(),
+    );
+    st.apply(11, 1, &commands()[12].0.encode());
+    st
+}
+
+const STATE_V3_GOLDEN: &str = "ffffffffffffffffffff0300000002046669666f010000066f726465727304000000030000000101026731066f72646572730102022a02010701000302090b010a0300010b0b03040101046669666f01e8070102673103000001026731066f726465727301010100dc0b0107000001af9af493fff1aff19793edaeb096deff90280300";
+
+#[test]
+fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
+    let snap = state_v3().snapshot();
+    println!("state\n  {}", hex(&snap));
+    assert_eq!(hex(&snap), STATE_V3_GOLDEN);
+    let mut back = BrokerState::default();
+    back.restore(&unhex(STATE_V3_GOLDEN)).unwrap();
     back.topic_version -= 1;
     assert_eq!(back.snapshot(), snap);
     assert_eq!(back.topic_type("fifo"), 1);
     let pq = &back.pop.queues[&("g1".into(), "orders".into(), 1)];
     assert_eq!((pq.next, pq.inflight[&0].deadline_ms), (1, 1500));
+    assert_eq!(back.sent_ids.len(), 1);
+    assert_eq!(
+        back.sent_ids
+            .get(crate::state::SentIds::key("orders", "M1")),
+        Some((3, 0))
+    );
 }
 
 #[test]
@@ -376,8 +436,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 12, which this broker-node does not know (command \
-         format version 1 has tags 0..12): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 13, which this broker-node does not know (command \
+         format version 1 has tags 0..13): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.
@@ -402,14 +462,14 @@ fn a_command_in_a_newer_envelope_stops_apply() {
 
 #[test]
 fn a_broker_state_snapshot_of_a_newer_format_is_refused() {
-    let snap = format::envelope(3, &state().snapshot());
+    let snap = format::envelope(4, &state().snapshot());
     let mut st = BrokerState::default();
     let e = st.restore(&snap).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "the broker-state snapshot was written by format version 3; this broker-node reads up to \
-         version 2: upgrade the binary"
+        "the broker-state snapshot was written by format version 4; this broker-node reads up to \
+         version 3: upgrade the binary"
     );
     assert!(st.topics.is_empty());
 }

@@ -95,33 +95,138 @@ impl Broker {
             (role == Role::Leader).then_some(term)
         };
         let count = req.messages.len() as u64;
-        let cmd = Command::Send {
-            topic: req.topic,
-            queue: req.queue,
-            producer_id: req.producer_id,
-            sequence: req.sequence,
-            timestamp_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            messages: req
-                .messages
-                .into_iter()
-                .map(|m| StoredBody {
-                    key: m.key,
-                    tag: m.tag,
-                    body: m.body,
-                    properties: m.properties.into_iter().collect(),
-                })
-                .collect(),
+        let timestamp_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let messages: Vec<StoredBody> = req
+            .messages
+            .into_iter()
+            .map(|m| StoredBody {
+                key: m.key,
+                tag: m.tag,
+                body: m.body,
+                properties: m.properties.into_iter().collect(),
+            })
+            .collect();
+        // A `SendOnce` (tag 12) only once every member applies it; until then every copy is
+        // stored, as before.
+        let id_property = (!req.dedup_property.is_empty()
+            && self.group_command_tags() > SEND_ONCE_TAG)
+            .then_some(req.dedup_property);
+        let awaiting = Awaiting {
+            led_term,
+            leadership,
+            cut_off,
         };
-        // A leader cut off while the send waits cannot commit it, and one that stopped leading
-        // cannot tell whether it will be: answer as soon as either shows (the outcome is then
-        // unknown: the producer retries with the same id and sequence elsewhere, and the
-        // producer window stores it once) instead of at the caller's timeout.
+        let broker = &self.node.cfg.broker;
+        let Some(id_property) = id_property else {
+            let cmd = Command::Send {
+                topic: req.topic,
+                queue: req.queue,
+                producer_id: req.producer_id,
+                sequence: req.sequence,
+                timestamp_ms,
+                messages,
+            };
+            let (queue, first_offset, n, log_index, duplicate) =
+                self.propose_send(cmd, awaiting).await?.sent()?;
+            if !duplicate {
+                self.node.produced.add(count);
+            }
+            metrics::observe_send(t0.elapsed(), n as u64);
+            return Ok(SendResponse {
+                error: None,
+                results: (0..n)
+                    .map(|i| SendResult {
+                        queue,
+                        offset: first_offset + i as u64,
+                        msg_id: msg_id(broker, log_index, i),
+                    })
+                    .collect(),
+                duplicate,
+                log_index,
+            });
+        };
+        // Per message: where it is, once known. A `SendOnce` that finds some of its ids stored
+        // before stores nothing; the others are proposed again (same producer id and sequence:
+        // nothing was stored under them), until each message is placed.
+        let mut placed: Vec<Option<SendResult>> = vec![None; messages.len()];
+        let mut duplicate = false;
+        let mut log_index = 0;
+        let mut stored = 0u64;
+        let mut awaiting = awaiting;
+        loop {
+            let rest: Vec<usize> = (0..placed.len()).filter(|&i| placed[i].is_none()).collect();
+            if rest.is_empty() {
+                break;
+            }
+            let cmd = Command::SendOnce {
+                topic: req.topic.clone(),
+                queue: req.queue,
+                producer_id: req.producer_id,
+                sequence: req.sequence,
+                timestamp_ms,
+                id_property: id_property.clone(),
+                messages: rest.iter().map(|&i| messages[i].clone()).collect(),
+            };
+            let reply;
+            (reply, awaiting) = self.propose_send_again(cmd, awaiting).await?;
+            match reply {
+                Reply::SentBefore(found) => {
+                    duplicate = true;
+                    for (&i, f) in rest.iter().zip(found) {
+                        if let Some((queue, offset)) = f {
+                            placed[i] = Some(SendResult {
+                                queue,
+                                offset,
+                                msg_id: String::new(),
+                            });
+                        }
+                    }
+                }
+                reply => {
+                    let (queue, first, n, li, dup) = reply.sent()?;
+                    duplicate |= dup;
+                    log_index = li;
+                    if !dup {
+                        stored += n as u64;
+                    }
+                    for (k, &i) in rest.iter().enumerate().take(n as usize) {
+                        placed[i] = Some(SendResult {
+                            queue,
+                            offset: first + k as u64,
+                            msg_id: msg_id(broker, li, k as u32),
+                        });
+                    }
+                    // A batch stored whole places every message it carried.
+                    for &i in rest.iter().skip(n as usize) {
+                        placed[i] = Some(SendResult::default());
+                    }
+                }
+            }
+        }
+        self.node.produced.add(stored);
+        metrics::observe_send(t0.elapsed(), count);
+        Ok(SendResponse {
+            error: None,
+            results: placed.into_iter().map(Option::unwrap_or_default).collect(),
+            duplicate,
+            log_index,
+        })
+    }
+
+    /// Proposes a send and waits for its reply. A leader cut off while the send waits cannot
+    /// commit it, and one that stopped leading cannot tell whether it will be: answer as soon as
+    /// either shows (the outcome is then unknown: the producer retries with the same id and
+    /// sequence elsewhere, and the producer window stores it once) instead of at the caller's
+    /// timeout.
+    async fn propose_send(&self, cmd: Command, mut a: Awaiting) -> Result<Reply> {
+        let led_term = a.led_term;
         let leadership_ended = async {
             match led_term {
-                Some(term) => leadership
+                Some(term) => a
+                    .leadership
                     .wait_for(|&(role, t)| role != Role::Leader || t != term)
                     .await
                     .map(|_| ()),
@@ -130,45 +235,57 @@ impl Broker {
         };
         let (_, reply) = tokio::select! {
             r = self.propose(cmd) => r?,
-            Ok(_) = cut_off.wait_for(|c| *c) => {
+            Ok(_) = a.cut_off.wait_for(|c| *c) => {
                 return Err(Unavailable::CutOffAwaitingCommit.into())
             }
             Ok(()) = leadership_ended => {
                 return Err(Unavailable::SteppedDownAwaitingCommit.into())
             }
         };
-        let Reply::Sent {
-            queue,
-            first_offset,
-            count: n,
-            log_index,
-            duplicate,
-        } = reply
-        else {
-            return Err(Error::from_reply(&reply).unwrap_or_else(|| {
+        Ok(reply)
+    }
+
+    /// [`Broker::propose_send`] that hands the watches back for the next round.
+    async fn propose_send_again(&self, cmd: Command, a: Awaiting) -> Result<(Reply, Awaiting)> {
+        let next = Awaiting {
+            led_term: a.led_term,
+            leadership: a.leadership.clone(),
+            cut_off: a.cut_off.clone(),
+        };
+        Ok((self.propose_send(cmd, a).await?, next))
+    }
+}
+
+/// The tag of `Command::SendOnce`: a group applies it once every member's level is above it.
+const SEND_ONCE_TAG: u32 = 12;
+const _: () = assert!(SEND_ONCE_TAG < crate::command::COMMAND_TAGS);
+
+/// What a proposed send watches while it waits: the term this node led when it proposed, and
+/// the watches that tell the send's fate is no longer this node's to tell.
+struct Awaiting {
+    led_term: Option<u64>,
+    leadership: tokio::sync::watch::Receiver<(Role, u64)>,
+    cut_off: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Reply {
+    /// A `Sent` reply's (queue, first offset, count, log index, duplicate), else its error.
+    fn sent(self) -> Result<(u32, u64, u32, u64, bool)> {
+        match self {
+            Reply::Sent {
+                queue,
+                first_offset,
+                count,
+                log_index,
+                duplicate,
+            } => Ok((queue, first_offset, count, log_index, duplicate)),
+            reply => Err(Error::from_reply(&reply).unwrap_or_else(|| {
                 Internal::UnexpectedReply {
                     reply: format!("{reply:?}"),
                 }
                 .into()
-            }));
-        };
-        if !duplicate {
-            self.node.produced.add(count);
+            })),
         }
-        metrics::observe_send(t0.elapsed(), n as u64);
-        let broker = &self.node.cfg.broker;
-        Ok(SendResponse {
-            error: None,
-            results: (0..n)
-                .map(|i| SendResult {
-                    queue,
-                    offset: first_offset + i as u64,
-                    msg_id: msg_id(broker, log_index, i),
-                })
-                .collect(),
-            duplicate,
-            log_index,
-        })
     }
 }
 

@@ -440,7 +440,30 @@ impl Stack {
     }
 
     fn group(&self) -> Result<Group, String> {
-        let out = self.cli(&["cluster", "status", "--json"], Duration::from_secs(20));
+        self.group_via("nameserver")
+    }
+
+    /// `cluster status` run by the CLI inside `svc`'s container (its image's CLI: during an
+    /// upgrade, a rolled broker's knows the FEATURES column, the old nameserver's does not).
+    fn group_via(&self, svc: &str) -> Result<Group, String> {
+        let container = self
+            .healthy_containers(svc)
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("{svc} has no healthy container"))?;
+        let out = run(
+            Command::new("docker").args([
+                "exec",
+                &container,
+                "raftmq",
+                "--nameserver",
+                NAMESERVER,
+                "cluster",
+                "status",
+                "--json",
+            ]),
+            Duration::from_secs(20),
+        );
         if !out.ok() {
             return Err(format!("cluster status: {}", out.reason()));
         }
@@ -640,6 +663,9 @@ struct NodeView {
     term: Option<u64>,
     committed: Option<u64>,
     applied: Option<u64>,
+    /// Its build's feature level and the group's as it knows it (`cluster status` FEATURES).
+    features: Option<u64>,
+    group_features: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -669,6 +695,8 @@ impl Group {
                     term: n["term"].as_u64(),
                     committed: n["committed"].as_u64(),
                     applied: n["applied"].as_u64(),
+                    features: n["command_tags"].as_u64(),
+                    group_features: n["group_command_tags"].as_u64(),
                 })
                 .collect();
             return Ok(Group { nodes });
@@ -718,8 +746,15 @@ impl std::fmt::Display for Group {
         for n in &self.nodes {
             write!(
                 f,
-                " {}@{} {} t{:?} committed={:?} applied={:?};",
-                n.node_id, n.address, n.role, n.term, n.committed, n.applied
+                " {}@{} {} t{:?} committed={:?} applied={:?} features={}/{};",
+                n.node_id,
+                n.address,
+                n.role,
+                n.term,
+                n.committed,
+                n.applied,
+                n.features.map_or("?".into(), |v| v.to_string()),
+                n.group_features.map_or("?".into(), |v| v.to_string()),
             )?;
         }
         write!(f, " ]")
@@ -1108,6 +1143,7 @@ fn roll_under_load(engine: &Engine, sc: &Scenario) {
     producer.wait_acks_since(Instant::now(), 200, "the first acknowledgements");
     eprintln!("[{}] producer running", stack.name);
     let mut steps = Vec::new();
+    let mut features: Vec<(String, Group)> = Vec::new();
 
     // a. docker kill of the leader's task container: Swarm starts a new task on the same volume.
     if sc.kill {
@@ -1185,6 +1221,60 @@ fn roll_under_load(engine: &Engine, sc: &Scenario) {
             row.min_caught_up.as_ref().map(|(n, _)| *n)
         );
         steps.push(row);
+        // What `cluster status` FEATURES shows now, read by the rolled node's own CLI.
+        let view = stack
+            .group_via(svc)
+            .unwrap_or_else(|e| panic!("cluster status in {svc}: {e}"));
+        features.push((format!("after rolling {svc}"), view));
+    }
+    // Every member soon knows every other runs the new build (nodes ask each other every 2 s).
+    let last = order.last().expect("three brokers").clone();
+    let done = wait_for(
+        "every node at the group's full feature level",
+        CONVERGE_TIMEOUT,
+        || {
+            let g = stack.group_via(&last)?;
+            let top = g.nodes.iter().filter_map(|n| n.features).max();
+            if g.nodes.len() == BROKERS.len()
+                && g.nodes
+                    .iter()
+                    .all(|n| n.features == top && n.group_features == top)
+            {
+                Ok(g)
+            } else {
+                Err(format!("{g}"))
+            }
+        },
+    );
+    features.push(("at the end".into(), done));
+    eprintln!("[{}] FEATURES (build / group) during the roll:", stack.name);
+    for (when, g) in &features {
+        let cols: Vec<String> = g
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "node {} {}/{}",
+                    n.node_id,
+                    n.features.map_or("?".into(), |v| v.to_string()),
+                    n.group_features.map_or("?".into(), |v| v.to_string())
+                )
+            })
+            .collect();
+        eprintln!("  {when:<22} {}", cols.join("   "));
+    }
+    if sc.deploy_image != sc.roll_image {
+        // After the first roll one member runs the new build and the group is held at the old
+        // build's level.
+        let (_, first) = &features[0];
+        let top = first.nodes.iter().filter_map(|n| n.features).max();
+        assert!(
+            first
+                .nodes
+                .iter()
+                .any(|n| n.group_features.is_some() && n.group_features < top),
+            "mid-roll, cluster status should show the group held at the old level: {first}"
+        );
     }
     let image_now: Vec<String> = BROKERS
         .iter()

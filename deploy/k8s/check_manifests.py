@@ -60,7 +60,7 @@ LIVENESS_WINDOW_MIN_SECS = 30  # a node is restarted only after this long withou
 READY_SERVICE = "raftmq.v1.BrokerService"
 # broker-node settings that exist only as environment variables (no key in the documented file).
 ENV_ONLY_KEYS = {"config", "pod_name", "peer_template", "group_size", "shutdown_drain_ms", "flush_mode",
-                 "leader_busy_msgs_per_sec"}
+                 "leader_busy_msgs_per_sec", "log"}
 # Per-node settings that a StatefulSet must leave unset: they would override the identity derived
 # from the pod (node id from the ordinal, peers and advertised address from the template).
 PER_NODE_KEYS = {"node_id", "peers", "advertise"}

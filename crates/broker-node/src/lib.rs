@@ -202,11 +202,21 @@ pub fn error_report(err: &anyhow::Error) -> String {
 /// and a periodic summary itself. `RUST_LOG=info,openraft=warn` shows openraft's too.
 pub const DEFAULT_LOG_FILTER: &str = "info,openraft=error";
 
+/// Logging to standard error: the filter from `RAFTMQ_LOG` (what deploy files set, so a client
+/// command in the same container does not inherit it), else `RUST_LOG`, else
+/// [`DEFAULT_LOG_FILTER`]; colours only on a terminal and without `NO_COLOR`.
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("RAFTMQ_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG_FILTER));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .with_writer(std::io::stderr);
     let _ = if json {
         b.json().try_init()

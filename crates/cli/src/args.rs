@@ -22,6 +22,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Log more to standard error: `-v` informational lines, `-vv` debug. Without it a client
+    /// command logs warnings only (unless `RUST_LOG` asks for more). No colours when standard
+    /// error is not a terminal or `NO_COLOR` is set.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
     #[command(subcommand)]
     pub command: Command,
 }

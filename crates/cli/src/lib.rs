@@ -55,6 +55,13 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Whether log lines on standard error may carry colour codes: only on a terminal, and never
+/// with `NO_COLOR` set (<https://no-color.org>).
+pub fn log_colours() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 /// The whole program: logging, runtime, interruption, exit status.
 pub fn main(cli: Cli) -> ExitCode {
     let is_server = matches!(
@@ -62,12 +69,24 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::RunNameserver(_) | Command::RunBrokerNode(_)
     );
     if !is_server {
-        // Servers set up their own logging; the CLI logs warnings unless RUST_LOG says otherwise.
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // Servers set up their own logging (from RAFTMQ_LOG, which deploy files set, so a client
+        // command run in a server's container stays quiet). The CLI logs warnings unless `-v`
+        // or RUST_LOG asks for more.
+        let level = match cli.verbose {
+            0 => "warn",
+            1 => "info",
+            _ => "debug",
+        };
+        let filter = match std::env::var("RUST_LOG") {
+            Ok(v) if !v.trim().is_empty() && cli.verbose == 0 => {
+                tracing_subscriber::EnvFilter::new(v)
+            }
+            _ => tracing_subscriber::EnvFilter::new(level),
+        };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(log_colours())
             .try_init();
     }
     // A client command keeps its tasks on one thread: a producer's send, its batcher, its RPC

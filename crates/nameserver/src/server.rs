@@ -168,13 +168,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Installs the global tracing subscriber (level from `RUST_LOG`, default `info`) writing to
-/// stderr. Does nothing if one is already installed (e.g. by the `raftmq` binary).
+/// Installs the global tracing subscriber writing to stderr: level from `RAFTMQ_LOG` (what deploy
+/// files set, so a client command in the same container does not inherit it), else `RUST_LOG`,
+/// default `info`; colours only on a terminal and without `NO_COLOR`. Does nothing if one is
+/// already installed (e.g. by the `raftmq` binary).
 pub fn init_logging(json: bool) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("RAFTMQ_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .with_writer(std::io::stderr);
     let _already_installed = if json {
         builder.json().try_init()

@@ -451,25 +451,7 @@ impl Stack {
             .into_iter()
             .next()
             .ok_or_else(|| format!("{svc} has no healthy container"))?;
-        let out = run(
-            Command::new("docker").args([
-                "exec",
-                &container,
-                "raftmq",
-                "--nameserver",
-                NAMESERVER,
-                "cluster",
-                "status",
-                "--json",
-            ]),
-            Duration::from_secs(20),
-        );
-        if !out.ok() {
-            return Err(format!("cluster status: {}", out.reason()));
-        }
-        let v: Value = serde_json::from_str(out.stdout.trim())
-            .map_err(|e| format!("cluster status printed no JSON ({e}): {}", out.stdout))?;
-        Group::from_status(&v, "broker-a")
+        status_in(&container)
     }
 
     /// Waits until the node of `svc` is ready: the readiness check of the stack's README, run in
@@ -650,6 +632,30 @@ impl Drop for Stack {
         let extra: Vec<String> = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
         remove_stack(&self.name, &extra);
     }
+}
+
+/// Group `broker-a` as `raftmq cluster status --json` shows it, run in `container` (by that
+/// image's CLI).
+fn status_in(container: &str) -> Result<Group, String> {
+    let out = run(
+        Command::new("docker").args([
+            "exec",
+            container,
+            "raftmq",
+            "--nameserver",
+            NAMESERVER,
+            "cluster",
+            "status",
+            "--json",
+        ]),
+        Duration::from_secs(20),
+    );
+    if !out.ok() {
+        return Err(format!("cluster status: {}", out.reason()));
+    }
+    let v: Value = serde_json::from_str(out.stdout.trim())
+        .map_err(|e| format!("cluster status printed no JSON ({e}): {}", out.stdout))?;
+    Group::from_status(&v, "broker-a")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -894,27 +900,7 @@ impl StatusPoller {
         let thread = std::thread::spawn(move || {
             while !stop2.load(Ordering::Relaxed) {
                 let tick = Instant::now();
-                let out = run(
-                    Command::new("docker").args([
-                        "exec",
-                        &ns,
-                        "raftmq",
-                        "--nameserver",
-                        NAMESERVER,
-                        "cluster",
-                        "status",
-                        "--json",
-                    ]),
-                    Duration::from_secs(20),
-                );
-                let sample = if out.ok() {
-                    serde_json::from_str::<Value>(out.stdout.trim())
-                        .map_err(|e| format!("no JSON ({e})"))
-                        .and_then(|v| Group::from_status(&v, "broker-a"))
-                        .map(|g| (g.caught_up(), g.to_string()))
-                } else {
-                    Err(out.reason())
-                };
+                let sample = status_in(&ns).map(|g| (g.caught_up(), g.to_string()));
                 samples2.lock().unwrap().push((tick, sample));
                 if let Some(rest) = POLL.checked_sub(tick.elapsed()) {
                     std::thread::sleep(rest);

@@ -151,6 +151,11 @@ pub fn spawn(node: Arc<Node>) {
         let mut last_fp = None;
         let mut last_sent = Instant::now() - interval;
         loop {
+            // A stopping node registers no more (the nameservers expire it; they refuse the
+            // role "down" anyway).
+            if node.member.status().role == raftmq_raft_log::Role::Shutdown {
+                return;
+            }
             if nameservers.refresh().await {
                 last_fp = None;
             }

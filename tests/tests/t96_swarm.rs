@@ -720,7 +720,9 @@ impl Group {
     }
 
     /// Members whose applied index is within [`CAUGHT_UP_LAG`] of the leader's commit index (of
-    /// the highest commit index any member reports when no leader answered).
+    /// the highest commit index any member reports when no leader answered). A candidate counts:
+    /// the voter a stopping leader hands over to is one for a few milliseconds, holding every
+    /// entry (a poll once caught that instant of a roll).
     fn caught_up(&self) -> usize {
         let reference = match self.leader() {
             Ok(l) => l.committed.unwrap_or(0),
@@ -733,7 +735,7 @@ impl Group {
         };
         self.nodes
             .iter()
-            .filter(|n| n.role == "leader" || n.role == "follower")
+            .filter(|n| ["leader", "follower", "candidate"].contains(&n.role.as_str()))
             .filter(|n| n.applied.is_some_and(|a| a + CAUGHT_UP_LAG >= reference))
             .count()
     }

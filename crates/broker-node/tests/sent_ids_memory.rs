@@ -1,0 +1,114 @@
+//! What the group's record of client message ids (`SentIds`, for `SendOnce`) costs: heap bytes per
+//! id, counted by a global allocator that counts, and snapshot bytes per id, with the record full
+//! (`SENT_IDS_MAX` ids). Prints the figures; bounds them loosely so a change that makes the record
+//! several times larger fails.
+
+// The one unsafe code in the workspace: a counting allocator that forwards every call to the
+// system allocator, for this measurement only.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use raftmq_broker_node::command::{Command, StoredBody};
+use raftmq_broker_node::state::{BrokerState, SENT_IDS_MAX};
+use raftmq_raft_log::StateMachine;
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// A group that stored `ids` messages through `SendOnce`, each with an id like the official
+/// clients' (34 hex digits), in batches of 100. Bodies are not kept by the state (only runs).
+fn state_with(ids: usize) -> BrokerState {
+    let mut st = BrokerState::default();
+    st.apply(
+        1,
+        1,
+        &Command::CreateTopic {
+            name: "t".into(),
+            queues: 1,
+            update: false,
+        }
+        .encode(),
+    );
+    for b in 0..ids.div_ceil(100) {
+        let messages = (0..100.min(ids - b * 100))
+            .map(|i| StoredBody {
+                key: String::new(),
+                tag: String::new(),
+                body: bytes::Bytes::from_static(b"x"),
+                properties: vec![(
+                    "id".into(),
+                    format!("01AA783AC5AD5859CF{:016X}", b * 100 + i),
+                )],
+            })
+            .collect();
+        let cmd = Command::SendOnce {
+            topic: "t".into(),
+            queue: 0,
+            producer_id: 0,
+            sequence: 0,
+            timestamp_ms: 1,
+            id_property: "id".into(),
+            messages,
+        };
+        st.apply(2 + b as u64, 1, &cmd.encode());
+    }
+    st
+}
+
+#[test]
+fn sent_ids_cost_per_id_in_memory_and_in_a_snapshot() {
+    let n = SENT_IDS_MAX;
+    // The same state without ids (plain sends) tells what the ids add.
+    let before = LIVE.load(Ordering::Relaxed);
+    let with_ids = state_with(n);
+    let with = LIVE.load(Ordering::Relaxed) - before;
+    assert_eq!(with_ids.sent_ids.len(), n);
+    let snapshot = with_ids.snapshot();
+    let count = with_ids.sent_ids.len();
+    drop(with_ids);
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut without = state_with(n);
+    without.sent_ids = Default::default();
+    let base = LIVE.load(Ordering::Relaxed) - before;
+    let base_snapshot = without.snapshot().len();
+    let per_id_heap = (with - base) as f64 / n as f64;
+    let per_id_snapshot = (snapshot.len() - base_snapshot) as f64 / n as f64;
+    println!(
+        "SentIds with {count} ids: {:.1} MB heap ({per_id_heap:.1} B per id), {:.1} MB in a \
+         snapshot ({per_id_snapshot:.1} B per id)",
+        (with - base) as f64 / 1e6,
+        (snapshot.len() - base_snapshot) as f64 / 1e6,
+    );
+    assert!(
+        per_id_heap < 160.0,
+        "{per_id_heap:.1} heap bytes per id (85 measured)"
+    );
+    assert!(
+        per_id_snapshot < 40.0,
+        "{per_id_snapshot:.1} snapshot bytes per id (22 measured)"
+    );
+}

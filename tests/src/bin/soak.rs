@@ -70,6 +70,11 @@ struct Args {
     /// handed out early, or a dead letter duplicated, early, corrupt or acknowledged before.
     #[arg(long)]
     pop: bool,
+    /// Producers send every attempt of a batch as a new batch with message ids (as a RocketMQ 5
+    /// client's retry through another node is), so the group's record of stored ids
+    /// (`SendOnce`) must store each once.
+    #[arg(long)]
+    new_batch_per_attempt: bool,
     /// POP mode: concurrent POP consumers.
     #[arg(long, default_value_t = 3)]
     pop_consumers: u64,
@@ -200,6 +205,7 @@ fn main() {
             },
         );
         cfg.workload.producers = args.producers;
+        cfg.workload.new_batch_per_attempt = args.new_batch_per_attempt;
         cfg.max_duration = left.min(Duration::from_secs(300));
         cfg.large_log = large_log.clone();
         if args.pop {

@@ -114,7 +114,7 @@ impl Broker {
         let id_property = (!req.dedup_property.is_empty()
             && self.group_command_tags() > SEND_ONCE_TAG)
             .then_some(req.dedup_property);
-        let awaiting = Awaiting {
+        let mut awaiting = Awaiting {
             led_term,
             leadership,
             cut_off,
@@ -130,7 +130,7 @@ impl Broker {
                 messages,
             };
             let (queue, first_offset, n, log_index, duplicate) =
-                self.propose_send(cmd, awaiting).await?.sent()?;
+                self.propose_send(cmd, &mut awaiting).await?.sent()?;
             if !duplicate {
                 self.node.produced.add(count);
             }
@@ -155,7 +155,6 @@ impl Broker {
         let mut duplicate = false;
         let mut log_index = 0;
         let mut stored = 0u64;
-        let mut awaiting = awaiting;
         loop {
             let rest: Vec<usize> = (0..placed.len()).filter(|&i| placed[i].is_none()).collect();
             if rest.is_empty() {
@@ -170,9 +169,7 @@ impl Broker {
                 id_property: id_property.clone(),
                 messages: rest.iter().map(|&i| messages[i].clone()).collect(),
             };
-            let reply;
-            (reply, awaiting) = self.propose_send_again(cmd, awaiting).await?;
-            match reply {
+            match self.propose_send(cmd, &mut awaiting).await? {
                 Reply::SentBefore(found) => {
                     duplicate = true;
                     for (&i, f) in rest.iter().zip(found) {
@@ -192,16 +189,24 @@ impl Broker {
                     if !dup {
                         stored += n as u64;
                     }
-                    for (k, &i) in rest.iter().enumerate().take(n as usize) {
-                        placed[i] = Some(SendResult {
-                            queue,
-                            offset: first + k as u64,
-                            msg_id: msg_id(broker, li, k as u32),
+                    // Stored now: the messages of `rest`, in order. A copy from the producer
+                    // window: the whole batch as first stored under this sequence. Either way
+                    // every message is placed, so the loop ends.
+                    let at = if dup {
+                        (0..placed.len()).collect()
+                    } else {
+                        rest
+                    };
+                    for (k, i) in at.into_iter().enumerate() {
+                        placed[i] = Some(if k < n as usize {
+                            SendResult {
+                                queue,
+                                offset: first + k as u64,
+                                msg_id: msg_id(broker, li, k as u32),
+                            }
+                        } else {
+                            SendResult::default()
                         });
-                    }
-                    // A batch stored whole places every message it carried.
-                    for &i in rest.iter().skip(n as usize) {
-                        placed[i] = Some(SendResult::default());
                     }
                 }
             }
@@ -221,12 +226,16 @@ impl Broker {
     /// either shows (the outcome is then unknown: the producer retries with the same id and
     /// sequence elsewhere, and the producer window stores it once) instead of at the caller's
     /// timeout.
-    async fn propose_send(&self, cmd: Command, mut a: Awaiting) -> Result<Reply> {
-        let led_term = a.led_term;
+    async fn propose_send(&self, cmd: Command, a: &mut Awaiting) -> Result<Reply> {
+        let Awaiting {
+            led_term,
+            leadership,
+            cut_off,
+        } = a;
+        let led_term = *led_term;
         let leadership_ended = async {
             match led_term {
-                Some(term) => a
-                    .leadership
+                Some(term) => leadership
                     .wait_for(|&(role, t)| role != Role::Leader || t != term)
                     .await
                     .map(|_| ()),
@@ -235,7 +244,7 @@ impl Broker {
         };
         let (_, reply) = tokio::select! {
             r = self.propose(cmd) => r?,
-            Ok(_) = a.cut_off.wait_for(|c| *c) => {
+            Ok(_) = cut_off.wait_for(|c| *c) => {
                 return Err(Unavailable::CutOffAwaitingCommit.into())
             }
             Ok(()) = leadership_ended => {
@@ -243,16 +252,6 @@ impl Broker {
             }
         };
         Ok(reply)
-    }
-
-    /// [`Broker::propose_send`] that hands the watches back for the next round.
-    async fn propose_send_again(&self, cmd: Command, a: Awaiting) -> Result<(Reply, Awaiting)> {
-        let next = Awaiting {
-            led_term: a.led_term,
-            leadership: a.leadership.clone(),
-            cut_off: a.cut_off.clone(),
-        };
-        Ok((self.propose_send(cmd, a).await?, next))
     }
 }
 

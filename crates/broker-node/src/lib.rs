@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod features;
 pub mod hint;
+pub mod lookup;
 pub mod metrics;
 pub mod node;
 pub mod pop;
@@ -41,6 +42,7 @@ use anyhow::Context;
 use axum::routing::get;
 use raftmq_proto::v1::admin_service_server::AdminServiceServer;
 use raftmq_proto::v1::broker_service_server::BrokerServiceServer;
+use raftmq_proto::v1::inspect_service_server::InspectServiceServer;
 use raftmq_raft_log::{Member, MemberConfig};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
@@ -112,7 +114,11 @@ pub async fn serve(
             .max_decoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX)
             .max_encoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX),
     )
-    .add_service(AdminServiceServer::new(broker))
+    .add_service(AdminServiceServer::new(broker.clone()))
+    .add_service(
+        InspectServiceServer::new(broker)
+            .max_encoding_message_size(raftmq_proto::limits::GRPC_MESSAGE_BYTES_MAX),
+    )
     .add_service(rocketmq_v2)
     .add_service(peer_service)
     .add_service(health_service)

@@ -132,6 +132,17 @@ impl Node {
         members.keys().cloned().collect()
     }
 
+    /// The members of `group` heard from within [`SESSION_TIMEOUT`], sorted.
+    pub fn members(&self, group: &str, now: Instant) -> Vec<String> {
+        let g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        g.get(group).map_or_else(Vec::new, |m| {
+            m.iter()
+                .filter(|(_, seen)| now.duration_since(**seen) < SESSION_TIMEOUT)
+                .map(|(c, _)| c.clone())
+                .collect()
+        })
+    }
+
     pub fn leave(&self, group: &str, consumer: &str) {
         let mut g = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = g.get_mut(group) {

@@ -366,14 +366,11 @@ pub fn parse_handle(broker: &str, handle: &str) -> Result<(u32, u64, u64), Strin
     }
 }
 
-/// FNV-1a, 32 bits: the tag hash kept in the consume-queue index so a tag filter reads no body.
-/// Never [`TAGS_MIXED`] (that value marks a batch of several tags).
+/// FNV-1a, 32 bits ([`crate::lookup::fingerprint`]): the tag hash kept in the consume-queue
+/// index so a tag filter reads no body. Never [`TAGS_MIXED`] (that value marks a batch of several
+/// tags).
 pub fn tag_hash(tag: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in tag.as_bytes() {
-        h ^= u32::from(*b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
+    let h = crate::lookup::fingerprint(tag);
     if h == TAGS_MIXED { h - 1 } else { h }
 }
 

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 use raftmq_raft_log::state_machine::format;
 
 use crate::command::{BodyView, CommandView, Reply, check_command_format};
+use crate::lookup::Lookup;
 use crate::pop::{self, PopState, TAGS_MIXED};
+use raftmq_rocketmq_v2::convert::P_MSGID;
 
 /// The format version of the broker-state snapshot this build writes and the newest it reads.
 ///
@@ -123,6 +125,48 @@ pub struct Run {
     /// [`pop::tag_hash`] of the tag every message of the run has, or [`TAGS_MIXED`] (then
     /// `QueueState::mixed_tags` holds one hash per message).
     pub tag_hash: u32,
+    /// Bytes of its messages (see [`message_bytes`]).
+    pub bytes: u32,
+    /// Store time of its messages: the entry's stamp, raised to the run before's so store times
+    /// never go down along a queue (a new leader's clock may be behind): a lookup by time is a
+    /// binary search.
+    pub store_ms: u64,
+}
+
+/// The bytes a message counts for in `topic status`: key, tag, body, property names and values.
+pub fn message_bytes(m: &BodyView) -> u64 {
+    (m.key.len()
+        + m.tag.len()
+        + m.body.len()
+        + m.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()) as u64
+}
+
+/// How many keys of one message the key index takes (a message may carry many).
+pub const KEYS_INDEXED_MAX: usize = 16;
+
+/// The keys of a message, as `msg find --key` matches them: the RocketMQ 5 front's list
+/// (`__rmq.keys`) when it stored one, else the key and, when it has spaces (the front joins a
+/// message's keys with one), each word of it.
+pub fn keys_of<'a>(
+    key: &'a str,
+    properties: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<&'a str> {
+    let listed = properties
+        .into_iter()
+        .find(|(k, _)| *k == raftmq_rocketmq_v2::convert::P_KEYS)
+        .map(|(_, v)| v);
+    let mut keys: Vec<&str> = match listed {
+        Some(list) => list.split(raftmq_rocketmq_v2::convert::KEYS_SEP).collect(),
+        None if key.contains(' ') => std::iter::once(key).chain(key.split(' ')).collect(),
+        None => vec![key],
+    };
+    keys.retain(|k| !k.is_empty());
+    keys.dedup();
+    keys.truncate(KEYS_INDEXED_MAX);
+    keys
 }
 
 /// The tag hash of a run and, when its messages' tags differ, each message's.
@@ -151,6 +195,15 @@ pub struct QueueState {
     /// snapshots, as `runs`.
     #[serde(skip)]
     pub mixed_tags: BTreeMap<u64, Box<[u32]>>,
+    /// Bytes of the indexed messages (the sum over `runs`). Not in snapshots, as `runs`.
+    #[serde(skip)]
+    pub bytes: u64,
+    /// The client message ids of the indexed messages ([`crate::lookup`]). Not in snapshots.
+    #[serde(skip)]
+    pub ids: Lookup,
+    /// Their keys ([`keys_of`]). Not in snapshots.
+    #[serde(skip)]
+    pub keys: Lookup,
 }
 
 impl QueueState {
@@ -211,19 +264,56 @@ impl QueueState {
         end.max(from)
     }
 
-    /// Appends a run of `messages` stored by entry `index`; returns its first offset.
-    fn append(&mut self, index: u64, messages: &[BodyView]) -> u64 {
+    /// The first indexed offset stored at or after `ms` (`next_offset` when none is).
+    pub fn offset_at_time(&self, ms: u64) -> u64 {
+        let i = self.runs.partition_point(|r| r.store_ms < ms);
+        self.runs
+            .get(i)
+            .map_or(self.next_offset, |r| r.first_offset.max(self.min_offset))
+    }
+
+    /// Appends a run of `messages` stored by entry `index` at `timestamp_ms`, indexing their ids
+    /// (the property `id_property`) and keys; returns its first offset.
+    fn append(
+        &mut self,
+        index: u64,
+        timestamp_ms: u64,
+        id_property: &str,
+        messages: &[BodyView],
+    ) -> u64 {
         let count = messages.len() as u32;
         let first = self.next_offset;
         let (tag_hash, each) = run_tags(messages);
         if let Some(each) = each {
             self.mixed_tags.insert(first, each);
         }
+        let mut bytes = 0;
+        for (i, m) in messages.iter().enumerate() {
+            let offset = first + i as u64;
+            bytes += message_bytes(m);
+            if let Some((_, id)) = m
+                .properties
+                .iter()
+                .find(|(k, v)| *k == id_property && !v.is_empty())
+            {
+                self.ids.add(offset, id);
+            }
+            for k in keys_of(m.key, m.properties.iter().copied()) {
+                self.keys.add(offset, k);
+            }
+        }
+        self.bytes += bytes;
+        let store_ms = self
+            .runs
+            .last()
+            .map_or(timestamp_ms, |r| r.store_ms.max(timestamp_ms));
         self.runs.push(Run {
             first_offset: first,
             log_index: index,
             count,
             tag_hash,
+            bytes: bytes.min(u32::MAX as u64) as u32,
+            store_ms,
         });
         self.next_offset += count as u64;
         first
@@ -265,6 +355,14 @@ pub struct BrokerState {
     /// above, not inside this struct's encoding, so a version-2 body still decodes.
     #[serde(skip)]
     pub sent_ids: SentIds,
+    /// The latest time stamped on an applied entry (a send's store time, a POP entry's clock).
+    /// Not in snapshots: status only, never a decision.
+    #[serde(skip)]
+    pub stamped_ms: u64,
+    /// (group, topic, queue) → `stamped_ms` when its offset was last committed. Not in
+    /// snapshots: status only (`group status`), unknown for commits before this node's start.
+    #[serde(skip)]
+    pub offset_times: BTreeMap<(String, String, u32), u64>,
 }
 
 /// Version 1 of the snapshot: [`BrokerState`]'s first fields, as earlier builds wrote them.
@@ -292,6 +390,8 @@ impl From<BrokerStateV1> for BrokerState {
             topic_types: BTreeMap::new(),
             pop: PopState::default(),
             sent_ids: SentIds::default(),
+            stamped_ms: 0,
+            offset_times: BTreeMap::new(),
         }
     }
 }
@@ -336,13 +436,21 @@ impl BrokerState {
                 queue,
                 producer_id,
                 sequence,
+                timestamp_ms,
                 messages,
-                ..
-            } => self
-                .producer_duplicate(producer_id, sequence)
-                .unwrap_or_else(|| {
-                    self.store(index, &topic, queue, producer_id, sequence, &messages)
-                }),
+            } => {
+                self.stamp(timestamp_ms);
+                self.producer_duplicate(producer_id, sequence)
+                    .unwrap_or_else(|| {
+                        self.store(
+                            index,
+                            (&topic, queue),
+                            (producer_id, sequence),
+                            (timestamp_ms, P_MSGID),
+                            &messages,
+                        )
+                    })
+            }
             CommandView::SendOnce {
                 topic,
                 queue,
@@ -350,8 +458,9 @@ impl BrokerState {
                 sequence,
                 id_property,
                 messages,
-                ..
+                timestamp_ms,
             } => {
+                self.stamp(timestamp_ms);
                 if let Some(r) = self.producer_duplicate(producer_id, sequence) {
                     return r;
                 }
@@ -371,7 +480,13 @@ impl BrokerState {
                 if found.iter().any(Option::is_some) {
                     return Reply::SentBefore(found);
                 }
-                let reply = self.store(index, &topic, queue, producer_id, sequence, &messages);
+                let reply = self.store(
+                    index,
+                    (&topic, queue),
+                    (producer_id, sequence),
+                    (timestamp_ms, &id_property),
+                    &messages,
+                );
                 if let Reply::Sent {
                     queue,
                     first_offset,
@@ -394,7 +509,7 @@ impl BrokerState {
                 for t in self.topics.values_mut() {
                     for q in &mut t.queues {
                         let keep = q.runs.partition_point(|r| r.log_index <= upto_log_index);
-                        q.runs.drain(..keep);
+                        q.bytes -= q.runs.drain(..keep).map(|r| r.bytes as u64).sum::<u64>();
                         let first = q
                             .runs
                             .first()
@@ -402,6 +517,8 @@ impl BrokerState {
                             .unwrap_or(q.next_offset);
                         q.mixed_tags = q.mixed_tags.split_off(&first);
                         q.min_offset = q.min_offset.max(first);
+                        q.ids.trim(q.min_offset);
+                        q.keys.trim(q.min_offset);
                     }
                 }
                 Reply::Ok
@@ -414,6 +531,10 @@ impl BrokerState {
             } => {
                 if !self.topics.contains_key(&topic) {
                     return Reply::TopicNotFound(topic);
+                }
+                if self.stamped_ms > 0 {
+                    let at = (group.clone(), topic.clone(), queue);
+                    self.offset_times.insert(at, self.stamped_ms);
                 }
                 self.offsets.insert((group, topic, queue), offset);
                 Reply::Ok
@@ -454,6 +575,7 @@ impl BrokerState {
                 picks,
                 advance,
             } => {
+                self.stamp(now_ms);
                 let Some(t) = self.topics.get(&topic) else {
                     return Reply::TopicNotFound(topic);
                 };
@@ -479,7 +601,10 @@ impl BrokerState {
                 topic,
                 now_ms,
                 handles,
-            } => self.pop.ack(&group, &topic, now_ms, &handles),
+            } => {
+                self.stamp(now_ms);
+                self.pop.ack(&group, &topic, now_ms, &handles)
+            }
             CommandView::ChangeInvisible {
                 group,
                 topic,
@@ -488,16 +613,19 @@ impl BrokerState {
                 issued,
                 invisible_ms,
                 now_ms,
-            } => self.pop.change_invisible(
-                index,
-                &group,
-                &topic,
-                queue,
-                offset,
-                issued,
-                invisible_ms,
-                now_ms,
-            ),
+            } => {
+                self.stamp(now_ms);
+                self.pop.change_invisible(
+                    index,
+                    &group,
+                    &topic,
+                    queue,
+                    offset,
+                    issued,
+                    invisible_ms,
+                    now_ms,
+                )
+            }
             CommandView::DeadLetter {
                 group,
                 topic,
@@ -505,8 +633,9 @@ impl BrokerState {
                 offset,
                 issued,
                 messages,
-                ..
+                timestamp_ms,
             } => {
+                self.stamp(timestamp_ms);
                 if self
                     .pop
                     .claim_dead_letter(&group, &topic, queue, offset, issued)
@@ -531,7 +660,7 @@ impl BrokerState {
                     return Reply::Invalid("the dead-letter topic has no queue".into());
                 };
                 let count = messages.len() as u32;
-                let first = q.append(index, &messages);
+                let first = q.append(index, timestamp_ms, P_MSGID, &messages);
                 self.messages_total += count as u64;
                 self.pop.dead_lettered += count as u64;
                 Reply::Sent {
@@ -616,14 +745,19 @@ impl BrokerState {
         })
     }
 
-    /// Stores a batch in a queue (entry `index`) and remembers it in its producer's window.
+    /// Raises the stamped clock ([`BrokerState::stamped_ms`]) to an entry's stamp.
+    fn stamp(&mut self, ms: u64) {
+        self.stamped_ms = self.stamped_ms.max(ms);
+    }
+
+    /// Stores a batch in a queue (entry `index`, stamped `timestamp_ms`, client ids in the
+    /// property `id_property`) and remembers it in its producer's window.
     fn store(
         &mut self,
         index: u64,
-        topic: &str,
-        queue: u32,
-        producer_id: u64,
-        sequence: u64,
+        (topic, queue): (&str, u32),
+        (producer_id, sequence): (u64, u64),
+        (timestamp_ms, id_property): (u64, &str),
         messages: &[BodyView],
     ) -> Reply {
         let Some(t) = self.topics.get_mut(topic) else {
@@ -633,7 +767,7 @@ impl BrokerState {
             return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
         };
         let count = messages.len() as u32;
-        let first = q.append(index, messages);
+        let first = q.append(index, timestamp_ms, id_property, messages);
         self.messages_total += count as u64;
         if producer_id != 0 {
             self.remember(producer_id, index, (sequence, queue, first, count, index));
@@ -809,7 +943,9 @@ mod tests {
                 first_offset: 3,
                 log_index: 3,
                 count: 2,
-                tag_hash: pop::tag_hash("")
+                tag_hash: pop::tag_hash(""),
+                bytes: 2,
+                store_ms: 1,
             })
         );
         assert_eq!(
@@ -818,7 +954,9 @@ mod tests {
                 first_offset: 0,
                 log_index: 2,
                 count: 3,
-                tag_hash: pop::tag_hash("")
+                tag_hash: pop::tag_hash(""),
+                bytes: 3,
+                store_ms: 1,
             })
         );
         assert_eq!(q.find(5), None);
@@ -943,6 +1081,83 @@ mod tests {
         );
     }
 
+    /// A `Send` of one message per (key, id, timestamp) to queue 0 of topic "t".
+    fn send_stamped(st: &mut BrokerState, index: u64, msgs: &[(&str, &str, u64)]) {
+        for (i, (key, id, ms)) in msgs.iter().enumerate() {
+            let cmd = Command::Send {
+                topic: "t".into(),
+                queue: 0,
+                producer_id: 0,
+                sequence: 0,
+                timestamp_ms: *ms,
+                messages: vec![StoredBody {
+                    key: key.to_string(),
+                    tag: String::new(),
+                    body: b"body".to_vec().into(),
+                    properties: vec![(P_MSGID.into(), id.to_string())],
+                }],
+            };
+            st.apply(index + i as u64, 1, &cmd.encode());
+        }
+    }
+
+    /// 72. Apply keeps, per queue, store times that never go down (a new leader's clock behind
+    ///     the old one's is raised), the bytes held, and the id and key indexes; a `Trim` takes
+    ///     the dropped messages out of all three. Two replicas agree; a commit takes the stamped
+    ///     clock as its time.
+    #[test]
+    fn t72_store_times_bytes_and_lookup_indexes_follow_apply_and_trim() {
+        let mut a = topic_t(1);
+        let mut b = topic_t(1);
+        let msgs = [
+            ("k1", "id-1", 1000),
+            ("k2 k3", "id-2", 2000),
+            ("k1", "id-3", 1500), // a clock behind: stored at 2000
+            ("", "id-4", 3000),
+        ];
+        send_stamped(&mut a, 10, &msgs);
+        send_stamped(&mut b, 10, &msgs);
+        let q = a.queue("t", 0).unwrap();
+        assert_eq!(q, b.queue("t", 0).unwrap());
+        let times: Vec<u64> = q.runs.iter().map(|r| r.store_ms).collect();
+        assert_eq!(times, [1000, 2000, 2000, 3000]);
+        assert_eq!(q.offset_at_time(0), 0);
+        assert_eq!(q.offset_at_time(1001), 1);
+        assert_eq!(q.offset_at_time(2500), 3);
+        assert_eq!(q.offset_at_time(3001), 4, "none stored after: the next offset");
+        let one = message_bytes(&BodyView {
+            key: "k1",
+            tag: "",
+            body: b"body",
+            properties: vec![(P_MSGID, "id-1")],
+        });
+        assert_eq!(q.bytes, 4 * one + 3 - 2, "keys of 2, 5, 2 and 0 bytes");
+        assert_eq!(q.keys.candidates("k1", 0), [0, 2]);
+        assert_eq!(q.keys.candidates("k3", 0), [1]);
+        assert_eq!(q.keys.candidates("k2 k3", 0), [1]);
+        assert_eq!(q.ids.candidates("id-4", 0), [3]);
+
+        a.apply(20, 1, &Command::Trim { upto_log_index: 11 }.encode());
+        let q = a.queue("t", 0).unwrap();
+        assert_eq!(q.min_offset, 2);
+        assert_eq!(q.bytes, 2 * one - 2);
+        assert_eq!(q.keys.candidates("k1", q.min_offset), [2]);
+        assert!(q.ids.candidates("id-1", q.min_offset).is_empty());
+
+        a.apply(
+            21,
+            1,
+            &Command::CommitOffset {
+                group: "g".into(),
+                topic: "t".into(),
+                queue: 0,
+                offset: 3,
+            }
+            .encode(),
+        );
+        assert_eq!(a.offset_times.get(&("g".into(), "t".into(), 0)), Some(&3000));
+    }
+
     #[test]
     fn unknown_topic_and_shrinking_queues_are_refused() {
         let mut st = BrokerState::default();
@@ -1038,9 +1253,9 @@ mod scan_tests {
     /// A queue of runs: [A A] [B B B] [A B] (offsets 0-1, 2-4, 5-6), the first trimmed away.
     fn queue(trim_first: bool) -> QueueState {
         let mut q = QueueState::default();
-        q.append(1, &[body("A"), body("A")]);
-        q.append(2, &[body("B"), body("B"), body("B")]);
-        q.append(3, &[body("A"), body("B")]);
+        q.append(1, 0, P_MSGID, &[body("A"), body("A")]);
+        q.append(2, 0, P_MSGID, &[body("B"), body("B"), body("B")]);
+        q.append(3, 0, P_MSGID, &[body("A"), body("B")]);
         if trim_first {
             q.runs.remove(0);
         }

@@ -61,6 +61,11 @@ pub enum Command {
     Demo(DemoArgs),
     /// A local cluster left running, with its addresses and commands to try.
     Playground(PlaygroundArgs),
+    /// Find stored messages: by id, by key, or by store time.
+    #[command(subcommand)]
+    Msg(MsgCmd),
+    /// A web page showing the cluster live: groups, nodes, elections, topics, consumer lag.
+    Console(ConsoleArgs),
     /// Runs a nameserver in this process (used by local clusters).
     #[command(hide = true)]
     RunNameserver(PassThrough),
@@ -107,6 +112,44 @@ pub enum TopicCmd {
     Route { name: String },
     /// Delete a topic from every broker group hosting it.
     Delete { name: String },
+    /// Per broker group and queue: offsets, messages, bytes, last store time; totals.
+    Status { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MsgCmd {
+    /// One message by id: a raftmq id (`BROKER-INDEX-POSITION`) or a client's message id
+    /// (RocketMQ 5 clients set their own).
+    Get {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        id: String,
+    },
+    /// Messages by key, or stored between two times (RFC 3339 or milliseconds since the epoch).
+    Find {
+        #[arg(long)]
+        topic: String,
+        #[arg(long, conflicts_with_all = ["from", "to"], required_unless_present = "from")]
+        key: Option<String>,
+        #[arg(long, requires = "to")]
+        from: Option<String>,
+        #[arg(long)]
+        to: Option<String>,
+        /// At most this many messages.
+        #[arg(long, default_value_t = 32)]
+        limit: u32,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// Address to serve the page on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Allow actions (leader transfer) from the page; read-only without it.
+    #[arg(long)]
+    pub allow_actions: bool,
 }
 
 /// `topic create --type`: raftmq.v1's `TopicMessageType`.
@@ -147,6 +190,28 @@ pub enum GroupCmd {
     List,
     /// Delete a consumer group from every broker group holding it.
     Delete { name: String },
+    /// Per queue: committed offset, lag in messages and age, the member reading it, last
+    /// commit; for POP groups ready, in-flight, retrying and dead-lettered counts.
+    Status {
+        name: String,
+        /// Only this topic's queues (all of them, consumed or not).
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Move a pull group's committed offsets on a topic (replicated; refused while members are
+    /// connected, unless --force).
+    Reset {
+        name: String,
+        #[arg(long)]
+        topic: String,
+        /// `earliest`, `latest`, or a time (RFC 3339, or milliseconds since the epoch): the first
+        /// message stored at or after it.
+        #[arg(long)]
+        to: String,
+        /// Reset even while members are connected (they may commit over it).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// The config flags of `group create|update`.

@@ -50,6 +50,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Bench(cmd) => commands::bench::run(ns, json, cmd).await,
         Command::Demo(a) => commands::demo::run(a).await,
         Command::Playground(a) => commands::playground::run(a).await,
+        Command::Msg(cmd) => commands::msg::run(ns, json, cmd).await,
+        Command::Console(a) => commands::console::run(ns, a).await,
         Command::RunNameserver(a) => servers::run_nameserver(a.args).await,
         Command::RunBrokerNode(a) => servers::run_broker_node(a.args).await,
     }

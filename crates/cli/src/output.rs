@@ -364,6 +364,38 @@ pub fn status_table(s: &ClusterStatus) -> String {
     )
 }
 
+/// A time in milliseconds since the epoch as RFC 3339 UTC with milliseconds
+/// (`2026-12-04T20:51:07.123Z`); `-` for none.
+pub fn time_ms(ms: Option<u64>) -> String {
+    ms.and_then(|ms| chrono::DateTime::from_timestamp_millis(ms as i64))
+        .map_or_else(
+            || "-".to_string(),
+            |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        )
+}
+
+/// A duration in milliseconds, short: `850ms`, `12.3s`, `4m05s`, `3h02m`; `-` for none.
+pub fn age_ms(ms: Option<u64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 1000 => format!("{ms}ms"),
+        Some(ms) if ms < 60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        Some(ms) if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, ms / 1000 % 60),
+        Some(ms) => format!("{}h{:02}m", ms / 3_600_000, ms / 60_000 % 60),
+    }
+}
+
+/// A message body for JSON: `("body", text)` when it is UTF-8, else `("body_base64", …)`.
+pub fn body_field(body: &[u8]) -> (&'static str, String) {
+    match std::str::from_utf8(body) {
+        Ok(s) => ("body", s.to_string()),
+        Err(_) => (
+            "body_base64",
+            base64::engine::general_purpose::STANDARD.encode(body),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,7 +154,7 @@ pub struct ClusterStatus {
 /// # }
 /// ```
 pub struct Admin {
-    router: Arc<Router>,
+    pub(crate) router: Arc<Router>,
     timeout: Duration,
 }
 
@@ -180,7 +180,7 @@ impl Admin {
         self
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         Instant::now() + self.timeout
     }
 

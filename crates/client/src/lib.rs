@@ -31,6 +31,7 @@
 
 pub mod admin;
 mod conn;
+pub mod inspect;
 pub mod consumer;
 pub mod error;
 pub mod nameserver;

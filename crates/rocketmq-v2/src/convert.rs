@@ -35,10 +35,10 @@ const P_BORN_TS: &str = "__rmq.born_ts";
 const P_BORN_HOST: &str = "__rmq.born_host";
 const P_ENC: &str = "__rmq.enc";
 const P_TYPE: &str = "__rmq.type";
-const P_KEYS: &str = "__rmq.keys";
+pub const P_KEYS: &str = "__rmq.keys";
 const P_MGROUP: &str = "__rmq.mgroup";
 /// Separator of `__rmq.keys` (a key may contain spaces, never this).
-const KEYS_SEP: char = '\u{1}';
+pub const KEYS_SEP: char = '\u{1}';
 
 /// A v2 message as a v1 message to store. `body_bytes_max` is this node's body limit.
 pub fn to_v1(m: &pb::Message, body_bytes_max: u64) -> Result<v1::Message, Error> {

@@ -6,6 +6,7 @@
 //! - [`reads`]: the pull path: messages read out of the log, and the read hint for the consumer.
 //! - [`pop`]: the POP path (receive, ack, invisibility, dead letters, consumer groups).
 //! - [`admin`]: the `AdminService` handlers (leadership transfer, membership changes).
+//! - [`inspect`]: the `InspectService` handlers (topic and consumer-group status, message lookup).
 //! - [`status`]: the node status reply.
 //!
 //! Failures travel in each reply's `error` field with a stable code: handlers return
@@ -14,6 +15,7 @@
 
 mod admin;
 mod broker;
+mod inspect;
 mod pop;
 mod reads;
 pub mod send;

@@ -1,13 +1,17 @@
-//! `raftmq group create|update|list|delete`: POP consumer groups, replicated config of each broker
-//! group.
+//! `raftmq group create|update|list|delete|status|reset`: consumer groups. POP groups are replicated
+//! config of each broker group; `status` and `reset` serve pull groups too.
 
 use anyhow::Result;
 use raftmq_client::Admin;
 use raftmq_client::admin::{GroupConfig, GroupInfo, MAX_ATTEMPTS_DEFAULT};
+use raftmq_client::inspect::ResetTo;
+use raftmq_client::queue::allocate_averagely;
+use raftmq_proto::v1::GroupQueueStatus;
 use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::args::{GroupArgs, GroupCmd};
-use crate::output::{json_line, table};
+use crate::output::{age_ms, json_line, table, time_ms};
 
 pub async fn run(nameserver: &str, json: bool, cmd: GroupCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
@@ -28,6 +32,51 @@ pub async fn run(nameserver: &str, json: bool, cmd: GroupCmd) -> Result<()> {
                         &rows
                     )
                 );
+            }
+        }
+        GroupCmd::Status { name, topic } => {
+            let v = status_value(&admin, &name, topic.as_deref()).await?;
+            if json {
+                println!("{}", json_line(&v));
+            } else {
+                print!("{}", status_table(&v));
+            }
+        }
+        GroupCmd::Reset {
+            name,
+            topic,
+            to,
+            force,
+        } => {
+            let to = match to.as_str() {
+                "earliest" => ResetTo::Earliest,
+                "latest" => ResetTo::Latest,
+                t => ResetTo::Time(crate::commands::msg::parse_time("--to", t)?),
+            };
+            let done = admin.reset_group(&name, &topic, to, force).await?;
+            if json {
+                let queues: Vec<Value> = done
+                    .iter()
+                    .map(|r| json!({"broker": r.broker, "queue": r.queue, "from": r.from, "to": r.to}))
+                    .collect();
+                println!(
+                    "{}",
+                    json_line(&json!({"group": name, "topic": topic, "queues": queues}))
+                );
+            } else {
+                let rows: Vec<Vec<String>> = done
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.broker.clone(),
+                            r.queue.to_string(),
+                            r.from.map_or("-".into(), |o| o.to_string()),
+                            r.to.to_string(),
+                        ]
+                    })
+                    .collect();
+                println!("reset group {name} on topic {topic}");
+                print!("{}", table(&["BROKER", "QUEUE", "FROM", "TO"], &rows));
             }
         }
         GroupCmd::Delete { name } => {
@@ -141,6 +190,161 @@ fn duration_words(ms: u64) -> String {
         _ if ms.is_multiple_of(1_000) => format!("{}s", ms / 1_000),
         _ => format!("{ms}ms"),
     }
+}
+
+/// `group status GROUP --json`: per queue the committed offset, lag and who reads it (DESIGN.md
+/// states the fields). Each figure comes from the leader of the queue's broker group.
+pub async fn status_value(admin: &Admin, group: &str, topic: Option<&str>) -> Result<Value> {
+    let answers = admin.group_status(group, topic).await?;
+    let mut members: Vec<String> = answers
+        .iter()
+        .flat_map(|a| a.reply.members.iter().cloned())
+        .collect();
+    members.sort();
+    members.dedup();
+    let pop = answers.iter().any(|a| a.reply.pop);
+    // Who reads which queue: the members' own averaged allocation over the topic's route.
+    let mut reader: BTreeMap<(String, String, u32), String> = BTreeMap::new();
+    if !members.is_empty() {
+        let topics: BTreeSet<&str> = answers
+            .iter()
+            .flat_map(|a| a.reply.queues.iter().map(|q| q.topic.as_str()))
+            .collect();
+        for t in topics {
+            let Ok(route) = admin.route(t).await else {
+                continue;
+            };
+            let all = route.queues();
+            for m in &members {
+                for q in allocate_averagely(&all, &members, m) {
+                    reader.insert((t.to_string(), q.broker, q.queue), m.clone());
+                }
+            }
+        }
+    }
+    let mut total_lag = 0;
+    let mut brokers = Vec::new();
+    for a in &answers {
+        let r = &a.reply;
+        let queues: Vec<Value> = r
+            .queues
+            .iter()
+            .map(|q| {
+                let lag = queue_lag(q);
+                total_lag += lag;
+                let lag_ms = q
+                    .oldest_unconsumed_ms
+                    .filter(|_| lag > 0)
+                    .map(|at| r.now_ms.saturating_sub(at));
+                let member = reader.get(&(q.topic.clone(), a.broker.clone(), q.queue));
+                let mut v = json!({
+                    "topic": q.topic,
+                    "queue": q.queue,
+                    "min_offset": q.min_offset,
+                    "max_offset": q.max_offset,
+                    "committed_offset": q.committed_offset,
+                    "lag": lag,
+                    "lag_ms": lag_ms,
+                    "member": member,
+                    "last_commit_ms": q.last_commit_ms,
+                });
+                if r.pop
+                    && let Some(o) = v.as_object_mut()
+                {
+                    o.insert("pop_next".into(), json!(q.pop_next));
+                    o.insert("ready".into(), json!(q.ready));
+                    o.insert("inflight".into(), json!(q.inflight));
+                    o.insert("retrying".into(), json!(q.retrying));
+                    o.insert("dead_letter_waiting".into(), json!(q.dead_letter_waiting));
+                }
+                v
+            })
+            .collect();
+        brokers.push(json!({
+            "name": a.broker,
+            "leader_id": a.leader_id,
+            "leader": a.leader,
+            "now_ms": r.now_ms,
+            "queues": queues,
+            "dead_lettered": r.dead_lettered,
+        }));
+    }
+    Ok(json!({
+        "group": group,
+        "pop": pop,
+        "members": members,
+        "brokers": brokers,
+        "lag": total_lag,
+    }))
+}
+
+/// Messages of a queue not yet consumed by the group: from its committed offset (a pull group)
+/// or its deliveries not acknowledged and messages never handed out (a POP group); everything
+/// held when it has neither.
+fn queue_lag(q: &GroupQueueStatus) -> u64 {
+    match (q.committed_offset, q.pop_next) {
+        (Some(c), _) => q.max_offset.saturating_sub(c.max(q.min_offset)),
+        (None, Some(_)) => q.ready + q.inflight,
+        (None, None) => q.max_offset - q.min_offset,
+    }
+}
+
+/// `group status` as a table: one row per queue, POP columns for a POP group.
+fn status_table(v: &Value) -> String {
+    let n = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    let pop = v["pop"].as_bool().unwrap_or(false);
+    let mut header = vec![
+        "BROKER",
+        "TOPIC",
+        "QUEUE",
+        "COMMITTED",
+        "MAX",
+        "LAG",
+        "LAG_AGE",
+        "MEMBER",
+        "LAST_COMMIT",
+    ];
+    if pop {
+        header.extend(["READY", "INFLIGHT", "RETRYING", "DLQ_WAIT"]);
+    }
+    let mut rows = Vec::new();
+    for b in v["brokers"].as_array().into_iter().flatten() {
+        for q in b["queues"].as_array().into_iter().flatten() {
+            let mut row = vec![
+                b["name"].as_str().unwrap_or("-").to_string(),
+                q["topic"].as_str().unwrap_or("-").to_string(),
+                n(&q["queue"]),
+                n(&q["committed_offset"]),
+                n(&q["max_offset"]),
+                n(&q["lag"]),
+                age_ms(q["lag_ms"].as_u64()),
+                q["member"].as_str().unwrap_or("-").to_string(),
+                time_ms(q["last_commit_ms"].as_u64()),
+            ];
+            if pop {
+                row.extend(
+                    ["ready", "inflight", "retrying", "dead_letter_waiting"].map(|k| n(&q[k])),
+                );
+            }
+            rows.push(row);
+        }
+    }
+    let dlq: u64 = v["brokers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["dead_lettered"].as_u64())
+        .sum();
+    let members = v["members"].as_array().map_or(0, Vec::len);
+    format!(
+        "group {}{}: lag {}, {} member(s) connected, {} dead-lettered\n{}",
+        v["group"].as_str().unwrap_or("-"),
+        if pop { " (POP)" } else { "" },
+        n(&v["lag"]),
+        members,
+        dlq,
+        table(&header, &rows)
+    )
 }
 
 #[cfg(test)]

@@ -3,10 +3,10 @@
 use anyhow::Result;
 use raftmq_client::Admin;
 use raftmq_client::admin::message_type_name;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::args::TopicCmd;
-use crate::output::{RouteJson, json_line, table};
+use crate::output::{RouteJson, json_line, table, time_ms};
 
 pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
@@ -96,6 +96,14 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
                 );
             }
         }
+        TopicCmd::Status { name } => {
+            let v = status_value(&admin, &name).await?;
+            if json {
+                println!("{}", json_line(&v));
+            } else {
+                print!("{}", status_table(&v));
+            }
+        }
         TopicCmd::Delete { name } => {
             let on = admin.delete_topic(&name).await?;
             if json {
@@ -106,4 +114,101 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `topic status NAME --json`: per broker group and queue, offsets, messages, bytes and last store
+/// time, with totals (DESIGN.md states the fields).
+pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
+    let answers = admin.topic_status(topic, None).await?;
+    let (mut messages, mut bytes) = (0, 0);
+    let mut brokers = Vec::new();
+    for a in &answers {
+        let r = &a.reply;
+        let queues: Vec<Value> = r
+            .queues
+            .iter()
+            .map(|q| {
+                json!({
+                    "queue": q.queue,
+                    "min_offset": q.min_offset,
+                    "max_offset": q.max_offset,
+                    "messages": q.max_offset - q.min_offset,
+                    "bytes": q.bytes,
+                    "last_store_ms": q.last_store_ms,
+                })
+            })
+            .collect();
+        let m: u64 = r.queues.iter().map(|q| q.max_offset - q.min_offset).sum();
+        let b: u64 = r.queues.iter().map(|q| q.bytes).sum();
+        messages += m;
+        bytes += b;
+        brokers.push(json!({
+            "name": a.broker,
+            "leader_id": a.leader_id,
+            "leader": a.leader,
+            "now_ms": r.now_ms,
+            "queues": queues,
+            "messages": m,
+            "bytes": b,
+        }));
+    }
+    let message_type = answers
+        .first()
+        .and_then(|a| raftmq_proto::v1::TopicMessageType::try_from(a.reply.message_type).ok())
+        .map(message_type_name);
+    Ok(json!({
+        "topic": topic,
+        "type": message_type,
+        "brokers": brokers,
+        "messages": messages,
+        "bytes": bytes,
+    }))
+}
+
+/// `topic status` as a table: one row per queue, then the totals.
+fn status_table(v: &Value) -> String {
+    let n = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    let mut rows = Vec::new();
+    for b in v["brokers"].as_array().into_iter().flatten() {
+        for q in b["queues"].as_array().into_iter().flatten() {
+            rows.push(vec![
+                b["name"].as_str().unwrap_or("-").to_string(),
+                n(&q["queue"]),
+                n(&b["leader_id"]),
+                n(&q["min_offset"]),
+                n(&q["max_offset"]),
+                n(&q["messages"]),
+                n(&q["bytes"]),
+                time_ms(q["last_store_ms"].as_u64()),
+            ]);
+        }
+    }
+    rows.push(vec![
+        "total".into(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        n(&v["messages"]),
+        n(&v["bytes"]),
+        String::new(),
+    ]);
+    format!(
+        "topic {} ({})\n{}",
+        v["topic"].as_str().unwrap_or("-"),
+        v["type"].as_str().unwrap_or("type unknown"),
+        table(
+            &[
+                "BROKER",
+                "QUEUE",
+                "LEADER",
+                "MIN",
+                "MAX",
+                "MESSAGES",
+                "BYTES",
+                "LAST_STORE"
+            ],
+            &rows
+        )
+    )
 }

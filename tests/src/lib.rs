@@ -5,7 +5,7 @@
 //!
 //! The binaries must be built first (`cargo build --bins`; the README's test command does it).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use raftmq_cli::local_cluster::{LocalCluster, LocalClusterOptions};
@@ -294,6 +294,44 @@ pub async fn connect(addr: &str) -> BrokerServiceClient<Channel> {
         .timeout(Duration::from_secs(5))
         .connect_lazy();
     BrokerServiceClient::new(ch).max_decoding_message_size(64 << 20)
+}
+
+/// The body of `GET /metrics` from a node, over plain HTTP/1.1.
+pub async fn metrics(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The python of the test venv (made once by `scripts/python-env`), for the whole test binary.
+pub fn python() -> &'static Path {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = std::process::Command::new(root.join("scripts/python-env"))
+            .current_dir(&root)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run scripts/python-env");
+        assert!(
+            out.status.success(),
+            "scripts/python-env failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).expect("python-env prints a path");
+        let path = PathBuf::from(stdout.lines().last().expect("a path").trim());
+        assert!(path.exists(), "python-env printed {}", path.display());
+        path
+    })
 }
 
 pub fn code(e: &Option<Error>) -> ErrorCode {

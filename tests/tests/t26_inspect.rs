@@ -489,3 +489,169 @@ async fn t26_3_reported_lag_never_goes_backwards_across_a_leader_kill() {
         "produce went on: {samples:?}"
     );
 }
+
+/// The metric names a Grafana dashboard's queries use (`raftmq_…`, a histogram's `_bucket`
+/// series included), sorted.
+fn dashboard_metrics() -> Vec<String> {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/raftmq.json");
+    let dash: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(i) = rest.find("raftmq_") {
+                let name: String = rest[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[i + name.len()..];
+                names.insert(name);
+            }
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// Whether `text` (Prometheus exposition) has a sample of `name`.
+fn has_sample(text: &str, name: &str) -> bool {
+    text.lines()
+        .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+}
+
+/// 26.4 Every metric the Grafana dashboard (`deploy/grafana/raftmq.json`) queries is exported by a
+///      live leader once a pull group and a POP group consume; the consumer-group figures match
+///      `group status`, and a follower exports none of them (its figures could be behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t26_4_every_dashboard_metric_is_exported_and_lag_comes_from_the_leader() {
+    let c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    c.create_topic("lag", 1).await;
+    let ns = c.nameserver.clone();
+    let (ok, _, err) = raftmq(
+        &ns,
+        &["produce", "--topic", "lag", "--count", "10", "--size", "8"],
+    );
+    assert!(ok, "{err}");
+    let (ok, got, err) = raftmq(
+        &ns,
+        &[
+            "consume",
+            "--topic",
+            "lag",
+            "--group",
+            "g",
+            "--max",
+            "4",
+            "--timeout-ms",
+            "5000",
+        ],
+    );
+    assert!(ok && got.len() == 4, "{err}");
+    let leader = c.leader().await;
+    let popped = c
+        .client(leader)
+        .await
+        .pop(PopRequest {
+            group: "gp".into(),
+            topic: "lag".into(),
+            max_messages: 3,
+            invisible_ms: 600_000,
+            consumer_id: "t26".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(popped.messages.len(), 3, "{:?}", popped.error);
+
+    let names = dashboard_metrics();
+    assert!(names.len() >= 15, "{names:?}");
+    let addr = c.node_address(leader).unwrap().to_string();
+    let text = wait_for(
+        "the leader to export every metric",
+        Duration::from_secs(15),
+        || async {
+            let text = metrics(&addr).await;
+            let missing: Vec<&String> = names.iter().filter(|n| !has_sample(&text, n)).collect();
+            if missing.is_empty() {
+                Ok(text)
+            } else {
+                Err(format!("missing {missing:?}"))
+            }
+        },
+    )
+    .await;
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .map(|v| v.to_string())
+    };
+    let st = one(&ns, &["group", "status", "g"]);
+    assert_eq!(
+        line("raftmq_group_lag_messages{group=\"g\",queue=\"0\",topic=\"lag\"}"),
+        Some(queue0(&st)["lag"].to_string()),
+        "{st}"
+    );
+    assert_eq!(
+        line("raftmq_group_inflight_messages{group=\"gp\",queue=\"0\",topic=\"lag\"}").as_deref(),
+        Some("3")
+    );
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let ftext = metrics(c.node_address(follower).unwrap()).await;
+    assert!(has_sample(&ftext, "raftmq_raft_term"), "{ftext}");
+    assert!(
+        !has_sample(&ftext, "raftmq_group_lag_messages"),
+        "a follower exports no consumer lag"
+    );
+}
+
+/// 26.5 `node status`: by node id and by address, the node's own figures — its version,
+///      uptime, config in effect, log on disk — and on the leader each follower's replication
+///      lag; an unknown node is named in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t26_5_node_status_shows_one_node_in_depth() {
+    let c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    c.create_topic("lag", 1).await;
+    let ns = c.nameserver.clone();
+    let (ok, _, err) = raftmq(
+        &ns,
+        &[
+            "produce", "--topic", "lag", "--count", "50", "--size", "100",
+        ],
+    );
+    assert!(ok, "{err}");
+    let leader = c.leader().await;
+    let v = one(&ns, &["node", "status", &leader.to_string()]);
+    assert_eq!(v["role"], "leader", "{v}");
+    assert_eq!(v["node_id"], leader);
+    assert_eq!(v["broker"], "broker-a");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(count_of(&v, "uptime_ms") > 0, "{v}");
+    assert_eq!(
+        v["config"]["broker"], "broker-a",
+        "the config in effect: {v}"
+    );
+    assert_eq!(v["config"]["node_id"], leader);
+    assert!(count_of(&v["disk"], "log_bytes") >= 50 * 100, "{v}");
+    assert!(v["disk"]["used_pct"].as_f64().is_some(), "{v}");
+    let followers = v["followers"].as_array().unwrap();
+    assert_eq!(followers.len(), 2, "{v}");
+    for f in followers {
+        assert!(
+            f["lag"].as_u64().is_some() && f["matched_index"].as_u64() > Some(0),
+            "{f}"
+        );
+    }
+
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let addr = c.node_address(follower).unwrap().to_string();
+    let v = one(&ns, &["node", "status", &addr]);
+    assert_eq!(v["node_id"], follower, "{v}");
+    assert_eq!(v["role"], "follower");
+    assert_eq!(v["leader_id"], leader);
+
+    let (ok, _, err) = raftmq(&ns, &["node", "status", "9"]);
+    assert!(!ok && err.contains("no node 9"), "{err}");
+}

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use raftmq_tests::biglog::{self, Acked, Load};
-use raftmq_tests::{Cluster, wait_for};
+use raftmq_tests::{Cluster, metrics, wait_for};
 
 const GIB: u64 = 1 << 30;
 
@@ -197,21 +197,6 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
     (ticks(11) + ticks(12)) / 100.0
-}
-
-/// The body of `GET /metrics` from a node, over plain HTTP/1.1.
-async fn metrics(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn metric(text: &str, line_start: &str) -> Option<f64> {

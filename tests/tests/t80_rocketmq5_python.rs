@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use raftmq_cli::local_cluster::log_tail;
@@ -18,29 +17,6 @@ use raftmq_proto::v1::*;
 use raftmq_tests::rocketmq5::{by_id, list, str_of, wait_for_progress};
 use raftmq_tests::*;
 use serde_json::Value;
-
-/// The python of the test venv (made once by `scripts/python-env`), for the whole test binary.
-fn python() -> &'static Path {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let out = std::process::Command::new(root.join("scripts/python-env"))
-            .current_dir(&root)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/python-env");
-        assert!(
-            out.status.success(),
-            "scripts/python-env failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8(out.stdout).expect("python-env prints a path");
-        let path = PathBuf::from(stdout.lines().last().expect("a path").trim());
-        assert!(path.exists(), "python-env printed {}", path.display());
-        path
-    })
-}
 
 fn script_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -10,6 +10,8 @@ use prometheus::{
 use raftmq_raft_log::Role;
 
 use crate::node::Node;
+use crate::service::inspect;
+use crate::state::BrokerState;
 
 struct M {
     role: IntGaugeVec,
@@ -30,6 +32,154 @@ struct M {
     catch_up_pct: IntGauge,
     catch_up_bytes_per_sec: IntGauge,
     ready: IntGauge,
+    consumer: Option<ConsumerGauges>,
+}
+
+/// Consumer-group and topic figures, exported by a group's leader only (a follower's could be
+/// behind, and scraping every node would count them three times): a follower resets them.
+struct ConsumerGauges {
+    lag: IntGaugeVec,
+    lag_seconds: IntGaugeVec,
+    ready: IntGaugeVec,
+    inflight: IntGaugeVec,
+    retrying: IntGaugeVec,
+    committed: IntGaugeVec,
+    dead_lettered: IntGaugeVec,
+    topic_end: IntGaugeVec,
+    topic_bytes: IntGaugeVec,
+}
+
+const QUEUE_LABELS: [&str; 3] = ["group", "topic", "queue"];
+
+impl ConsumerGauges {
+    fn build() -> Option<ConsumerGauges> {
+        let q =
+            |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &QUEUE_LABELS).ok();
+        Some(ConsumerGauges {
+            lag: q(
+                "raftmq_group_lag_messages",
+                "messages of a queue a consumer group has not consumed (leader only)",
+            )?,
+            lag_seconds: q(
+                "raftmq_group_lag_seconds",
+                "age of the oldest message a consumer group has not consumed (leader only)",
+            )?,
+            ready: q(
+                "raftmq_group_ready_messages",
+                "POP: messages ready to hand out (leader only)",
+            )?,
+            inflight: q(
+                "raftmq_group_inflight_messages",
+                "POP: messages handed out, invisible, not acknowledged (leader only)",
+            )?,
+            retrying: q(
+                "raftmq_group_retrying_messages",
+                "POP: messages handed out again after a timeout (leader only)",
+            )?,
+            committed: q(
+                "raftmq_group_committed_offset",
+                "pull: the committed next offset; rate() is the consume rate (leader only)",
+            )?,
+            dead_lettered: IntGaugeVec::new(
+                Opts::new(
+                    "raftmq_group_dead_lettered_messages",
+                    "messages in a group's dead-letter topic (leader only)",
+                ),
+                &["group"],
+            )
+            .ok()?,
+            topic_end: IntGaugeVec::new(
+                Opts::new(
+                    "raftmq_topic_end_offset",
+                    "sum over a topic's queues of the next offset; rate() is the produce rate \
+                     (leader only)",
+                ),
+                &["topic"],
+            )
+            .ok()?,
+            topic_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "raftmq_topic_bytes",
+                    "bytes of the messages a topic holds (leader only)",
+                ),
+                &["topic"],
+            )
+            .ok()?,
+        })
+    }
+
+    fn register(&self, reg: impl Fn(Box<dyn prometheus::core::Collector>) -> Option<()>) {
+        for v in [
+            &self.lag,
+            &self.lag_seconds,
+            &self.ready,
+            &self.inflight,
+            &self.retrying,
+            &self.committed,
+            &self.dead_lettered,
+            &self.topic_end,
+            &self.topic_bytes,
+        ] {
+            reg(Box::new(v.clone()));
+        }
+    }
+
+    fn reset(&self) {
+        for v in [
+            &self.lag,
+            &self.lag_seconds,
+            &self.ready,
+            &self.inflight,
+            &self.retrying,
+            &self.committed,
+            &self.dead_lettered,
+            &self.topic_end,
+            &self.topic_bytes,
+        ] {
+            v.reset();
+        }
+    }
+
+    /// Sets every figure from the applied state (`now_ms`: the leader's clock).
+    fn sample(&self, st: &BrokerState, now_ms: u64) {
+        self.reset();
+        for (name, t) in &st.topics {
+            let end: u64 = t.queues.iter().map(|q| q.next_offset).sum();
+            let bytes: u64 = t.queues.iter().map(|q| q.bytes).sum();
+            self.topic_end.with_label_values(&[name]).set(end as i64);
+            self.topic_bytes
+                .with_label_values(&[name])
+                .set(bytes as i64);
+        }
+        for group in inspect::groups(st) {
+            self.dead_lettered
+                .with_label_values(&[&group])
+                .set(inspect::dead_lettered(st, &group) as i64);
+            for (topic, queue) in inspect::group_queues(st, &group) {
+                let Some(p) = inspect::queue_progress(st, &group, &topic, queue, now_ms) else {
+                    continue;
+                };
+                let queue = queue.to_string();
+                let l = [group.as_str(), topic.as_str(), queue.as_str()];
+                self.lag.with_label_values(&l).set(p.lag as i64);
+                let age_ms = p
+                    .oldest_unconsumed_ms
+                    .filter(|_| p.lag > 0)
+                    .map_or(0, |at| now_ms.saturating_sub(at));
+                self.lag_seconds
+                    .with_label_values(&l)
+                    .set((age_ms / 1000) as i64);
+                if let Some(c) = p.committed_offset {
+                    self.committed.with_label_values(&l).set(c as i64);
+                }
+                if p.pop_next.is_some() {
+                    self.ready.with_label_values(&l).set(p.ready as i64);
+                    self.inflight.with_label_values(&l).set(p.inflight as i64);
+                    self.retrying.with_label_values(&l).set(p.retrying as i64);
+                }
+            }
+        }
+    }
 }
 
 fn build() -> Option<M> {
@@ -116,6 +266,7 @@ fn build() -> Option<M> {
             "1 while the node is ready (leads, or follows a live leader and has caught up)",
         )
         .ok()?,
+        consumer: ConsumerGauges::build(),
     };
     reg(Box::new(m.role.clone()));
     reg(Box::new(m.term.clone()));
@@ -135,6 +286,9 @@ fn build() -> Option<M> {
     reg(Box::new(m.catch_up_pct.clone()));
     reg(Box::new(m.catch_up_bytes_per_sec.clone()));
     reg(Box::new(m.ready.clone()));
+    if let Some(c) = &m.consumer {
+        c.register(|b| reg(b).map(|_| ()));
+    }
     Some(m)
 }
 
@@ -161,6 +315,9 @@ pub fn spawn_sampler(node: &Arc<Node>) {
     let mut watch = node.member.watch();
     tokio::spawn(async move {
         let (mut term, mut leader) = (0u64, None);
+        // The consumer figures walk every group and queue: once a second at most, though the
+        // loop also wakes on every status change.
+        let mut consumers_sampled: Option<std::time::Instant> = None;
         loop {
             let Some(n) = weak.upgrade() else { break };
             let st = n.member.status();
@@ -215,6 +372,16 @@ pub fn spawn_sampler(node: &Arc<Node>) {
                     .set(st.catch_up.as_ref().map_or(0, |c| c.bytes_per_sec as i64));
                 m.ready.set(n.member.ready() as i64);
                 m.disk_bytes.set(n.member.disk_bytes() as i64);
+                if let Some(c) = &m.consumer
+                    && consumers_sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                {
+                    consumers_sampled = Some(std::time::Instant::now());
+                    if st.role == Role::Leader {
+                        c.sample(&n.state(), crate::service::wall_ms());
+                    } else {
+                        c.reset();
+                    }
+                }
             }
             term = st.term;
             leader = st.leader;

@@ -57,6 +57,8 @@ pub struct Node {
     pub ack_lanes: Mutex<HashMap<(String, String), AckLane>>,
     /// Which commands every member of the group applies (a rolling upgrade).
     pub features: crate::features::Features,
+    /// When this process made the node (its uptime).
+    pub started: Instant,
 }
 
 /// Handles of one ack request and where its per-handle results go.
@@ -88,6 +90,7 @@ impl Node {
             dead_letters: tokio::sync::Notify::new(),
             ack_lanes: Mutex::new(HashMap::new()),
             features,
+            started: Instant::now(),
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {

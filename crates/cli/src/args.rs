@@ -345,6 +345,14 @@ pub enum NodeCmd {
         #[arg(long)]
         node_id: u64,
     },
+    /// One node in depth: version, uptime, config in effect, disk use and watermarks, log
+    /// segments, snapshot, and (on a leader) each follower's replication lag.
+    Status {
+        /// A node id (with --broker when several broker groups have it) or an address host:port.
+        node: String,
+        #[arg(long)]
+        broker: Option<String>,
+    },
 }
 
 #[derive(Debug, Args, Clone)]

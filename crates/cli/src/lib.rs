@@ -2,8 +2,10 @@
 //!
 //! Crate map:
 //! - [`args`]: the clap definition of every command and flag (DESIGN.md "Command line").
-//! - [`commands`]: one module per command family — `cluster`, `topic`, `produce`, `consume`,
-//!   `admin_ops` (leader transfer, node add/remove), `bench`, `demo`, `playground`.
+//! - [`commands`]: one module per command family — `cluster`, `topic` (with `topic status`),
+//!   `group` (with `group status|reset`), `msg` (`msg get|find`), `produce`, `consume`,
+//!   `admin_ops` (leader transfer, node add/remove), `node_status`, `console` (the web page),
+//!   `bench`, `demo`, `playground`.
 //! - [`output`]: the JSON shapes scripts rely on, and plain tables.
 //! - [`stats`]: percentiles and throughput for the benchmarks.
 //! - [`load`]: background senders and the read-back loss check (demo, failover bench).
@@ -117,6 +119,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Command::Consume(_)
                 | Command::Cluster(ClusterCmd::Status { watch: true })
                 | Command::Playground(_)
+                | Command::Console(_)
         );
     let outcome = runtime.block_on(async {
         if handles_interrupt {

@@ -129,9 +129,7 @@ impl Broker {
             }
             .into());
         }
-        let dead_lettered = st.topics.get(&dlq_topic(group)).map_or(0, |t| {
-            t.queues.iter().map(|q| q.next_offset - q.min_offset).sum()
-        });
+        let dead_lettered = dead_lettered(&st, group);
         Ok(GroupStatusResponse {
             error: None,
             queues: queues
@@ -273,9 +271,32 @@ pub fn parse_msg_id(broker: &str, id: &str) -> Option<(u64, u32)> {
     ))
 }
 
+/// The (topic, queue) pairs `group` has state for: a committed offset or POP progress.
+pub fn group_queues(st: &BrokerState, group: &str) -> BTreeSet<(String, u32)> {
+    let of_group = |(g, t, q): &(String, String, u32)| (g == group).then(|| (t.clone(), *q));
+    let mut queues: BTreeSet<(String, u32)> = st.offsets.keys().filter_map(of_group).collect();
+    queues.extend(st.pop.queues.keys().filter_map(of_group));
+    queues
+}
+
+/// Every consumer group with state here (a committed offset, POP progress or a POP config).
+pub fn groups(st: &BrokerState) -> BTreeSet<String> {
+    let mut g: BTreeSet<String> = st.offsets.keys().map(|(g, _, _)| g.clone()).collect();
+    g.extend(st.pop.queues.keys().map(|(g, _, _)| g.clone()));
+    g.extend(st.pop.groups.keys().cloned());
+    g
+}
+
+/// Messages held in `group`'s dead-letter topic.
+pub fn dead_lettered(st: &BrokerState, group: &str) -> u64 {
+    st.topics.get(&dlq_topic(group)).map_or(0, |t| {
+        t.queues.iter().map(|q| q.next_offset - q.min_offset).sum()
+    })
+}
+
 /// One queue's progress of `group`: its pull offset and POP deliveries, and the store time of its
 /// oldest message not consumed. `None` when the topic or queue is gone.
-fn queue_progress(
+pub fn queue_progress(
     st: &BrokerState,
     group: &str,
     topic: &str,
@@ -318,6 +339,12 @@ fn queue_progress(
         .and_then(|o| q.find(o))
         .map(|r| r.store_ms);
     let pop_next = pop.map(|p| p.next.max(q.min_offset));
+    let ready = pop_next.map_or(0, |n| q.next_offset.saturating_sub(n)) + visible_again;
+    let lag = match (committed, pop_next) {
+        (Some(c), _) => q.next_offset.saturating_sub(c.max(q.min_offset)),
+        (None, Some(_)) => ready + inflight,
+        (None, None) => q.next_offset - q.min_offset,
+    };
     Some(GroupQueueStatus {
         topic: topic.to_string(),
         queue,
@@ -330,7 +357,8 @@ fn queue_progress(
         inflight,
         retrying,
         dead_letter_waiting: waiting,
-        ready: pop_next.map_or(0, |n| q.next_offset.saturating_sub(n)) + visible_again,
+        ready,
+        lag,
     })
 }
 

@@ -15,7 +15,7 @@
 
 mod admin;
 mod broker;
-mod inspect;
+pub mod inspect;
 mod pop;
 mod reads;
 pub mod send;

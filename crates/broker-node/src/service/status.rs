@@ -2,7 +2,7 @@
 //! status` shows them.
 
 use raftmq_proto::v1::{
-    CatchUpStatus, NodeRef, NodeStatusResponse, PeerStatus, QueueStatus, ReadHintConfig,
+    CatchUpStatus, LogSegment, NodeRef, NodeStatusResponse, PeerStatus, QueueStatus, ReadHintConfig,
 };
 
 use super::Broker;
@@ -75,6 +75,26 @@ impl Broker {
                 .features
                 .group(n.cfg.node_id, st.voters.iter().chain(&st.learners).copied())
                 .0,
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_ms: n.started.elapsed().as_millis() as u64,
+            config_json: serde_json::to_string(&n.cfg).unwrap_or_default(),
+            log_disk_bytes: n.member.disk_bytes(),
+            disk_used_pct: crate::retention::disk_used_pct(&n.cfg.data_dir),
+            clean_watermark_pct: n.cfg.retention.clean_watermark_pct.into(),
+            full_watermark_pct: n.cfg.retention.full_watermark_pct.into(),
+            disk_full: n.disk_full.load(std::sync::atomic::Ordering::Relaxed),
+            segments: n
+                .member
+                .sealed_segments()
+                .into_iter()
+                .map(|(first_index, last_index, bytes, _)| LogSegment {
+                    first_index,
+                    last_index,
+                    bytes,
+                })
+                .collect(),
+            snapshot_index: st.snapshot,
+            purged_index: st.purged,
         }
     }
 }

@@ -27,6 +27,15 @@ pub async fn leader(nameserver: &str, json: bool, cmd: LeaderCmd) -> Result<()> 
 pub async fn node(nameserver: &str, json: bool, cmd: NodeCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
     match cmd {
+        NodeCmd::Status { node, broker } => {
+            let v = crate::commands::node_status::status_value(&admin, &node, broker.as_deref())
+                .await?;
+            if json {
+                println!("{}", json_line(&v));
+            } else {
+                print!("{}", crate::commands::node_status::status_text(&v));
+            }
+        }
         NodeCmd::Add {
             broker,
             node_id,

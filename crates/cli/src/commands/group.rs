@@ -6,7 +6,6 @@ use raftmq_client::Admin;
 use raftmq_client::admin::{GroupConfig, GroupInfo, MAX_ATTEMPTS_DEFAULT};
 use raftmq_client::inspect::ResetTo;
 use raftmq_client::queue::allocate_averagely;
-use raftmq_proto::v1::GroupQueueStatus;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -149,7 +148,8 @@ fn max_attempts(c: &GroupConfig) -> u32 {
 
 /// `group list --json`'s entry: `{"name","max_attempts","retry_delays_ms","fifo","brokers"}`
 /// (`retry_delays_ms` empty: the default ladder).
-fn group_json(g: &GroupInfo) -> Value {
+/// One group as `group list --json` shows it.
+pub(crate) fn group_json(g: &GroupInfo) -> Value {
     json!({
         "name": g.name,
         "max_attempts": max_attempts(&g.config),
@@ -230,7 +230,7 @@ pub async fn status_value(admin: &Admin, group: &str, topic: Option<&str>) -> Re
             .queues
             .iter()
             .map(|q| {
-                let lag = queue_lag(q);
+                let lag = q.lag;
                 total_lag += lag;
                 let lag_ms = q
                     .oldest_unconsumed_ms
@@ -276,17 +276,6 @@ pub async fn status_value(admin: &Admin, group: &str, topic: Option<&str>) -> Re
         "brokers": brokers,
         "lag": total_lag,
     }))
-}
-
-/// Messages of a queue not yet consumed by the group: from its committed offset (a pull group)
-/// or its deliveries not acknowledged and messages never handed out (a POP group); everything
-/// held when it has neither.
-fn queue_lag(q: &GroupQueueStatus) -> u64 {
-    match (q.committed_offset, q.pop_next) {
-        (Some(c), _) => q.max_offset.saturating_sub(c.max(q.min_offset)),
-        (None, Some(_)) => q.ready + q.inflight,
-        (None, None) => q.max_offset - q.min_offset,
-    }
 }
 
 /// `group status` as a table: one row per queue, POP columns for a POP group.

@@ -10,6 +10,7 @@ pub mod consume;
 pub mod demo;
 pub mod group;
 pub mod msg;
+pub mod node_status;
 pub mod playground;
 pub mod produce;
 pub mod topic;

@@ -1,8 +1,8 @@
 //! `raftmq topic create|list|route|delete`.
 
 use anyhow::Result;
-use raftmq_client::Admin;
 use raftmq_client::admin::message_type_name;
+use raftmq_client::{Admin, TopicInfo};
 use serde_json::{Value, json};
 
 use crate::args::TopicCmd;
@@ -37,19 +37,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
         TopicCmd::List => {
             let topics = admin.list_topics().await?;
             if json {
-                let v: Vec<_> = topics
-                    .iter()
-                    .map(|t| {
-                        json!({
-                            "name": t.name,
-                            "type": t.message_type.map(message_type_name),
-                            "brokers": t.brokers.iter()
-                                .map(|(b, q)| json!({"name": b, "queues": q}))
-                                .collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                println!("{}", json_line(&json!({ "topics": v })));
+                println!("{}", json_line(&list_json(&topics)));
             } else {
                 let rows: Vec<Vec<String>> = topics
                     .iter()
@@ -114,6 +102,23 @@ pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `topic list --json`: `{"topics": [{"name", "type", "brokers": [{"name", "queues"}]}]}`.
+pub(crate) fn list_json(topics: &[TopicInfo]) -> Value {
+    let v: Vec<Value> = topics
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "type": t.message_type.map(message_type_name),
+                "brokers": t.brokers.iter()
+                    .map(|(b, q)| json!({"name": b, "queues": q}))
+                    .collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "topics": v })
 }
 
 /// `topic status NAME --json`: per broker group and queue, offsets, messages, bytes and last store

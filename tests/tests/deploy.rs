@@ -413,7 +413,8 @@ impl Project {
             .env("RAFTMQ_IMAGE", &self.env.image)
             // Ports picked by Docker: no clash with a deployment on 9876/9877 or another test.
             .env("RAFTMQ_NS1_PORT", "")
-            .env("RAFTMQ_NS2_PORT", "");
+            .env("RAFTMQ_NS2_PORT", "")
+            .env("RAFTMQ_CONSOLE_PORT", "");
         run(&mut cmd, COMMAND_TIMEOUT)
     }
 

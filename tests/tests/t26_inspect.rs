@@ -257,6 +257,44 @@ impl Drop for Member {
     }
 }
 
+/// The pull group "g" reads (and commits) the first 4 messages of topic "lag".
+fn consume_four(ns: &str) {
+    let (ok, got, err) = raftmq(
+        ns,
+        &[
+            "consume",
+            "--topic",
+            "lag",
+            "--group",
+            "g",
+            "--max",
+            "4",
+            "--timeout-ms",
+            "5000",
+        ],
+    );
+    assert!(ok && got.len() == 4, "{got:?} {err}");
+}
+
+/// Three messages of topic "lag" handed out to the POP group "gp" and left unacknowledged.
+async fn pop_three(c: &Cluster, leader: u64) {
+    let popped = c
+        .client(leader)
+        .await
+        .pop(PopRequest {
+            group: "gp".into(),
+            topic: "lag".into(),
+            max_messages: 3,
+            invisible_ms: 600_000,
+            consumer_id: "t26".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(popped.messages.len(), 3, "{:?}", popped.error);
+}
+
 fn queue0(st: &Value) -> &Value {
     &st["brokers"][0]["queues"][0]
 }
@@ -278,21 +316,7 @@ async fn t26_2_group_status_and_reset() {
         assert!(ok, "{v:?} {err}");
     };
     produce("10");
-    let (ok, got, err) = raftmq(
-        &ns,
-        &[
-            "consume",
-            "--topic",
-            "lag",
-            "--group",
-            "g",
-            "--max",
-            "4",
-            "--timeout-ms",
-            "5000",
-        ],
-    );
-    assert!(ok && got.len() == 4, "{got:?} {err}");
+    consume_four(&ns);
 
     let st = wait_for("the commit of 4", Duration::from_secs(10), || async {
         let v = one(&ns, &["group", "status", "g"]);
@@ -382,21 +406,7 @@ async fn t26_2_group_status_and_reset() {
 
     // A POP group: 3 messages handed out and not acknowledged.
     let leader = c.leader().await;
-    let popped = c
-        .client(leader)
-        .await
-        .pop(PopRequest {
-            group: "gp".into(),
-            topic: "lag".into(),
-            max_messages: 3,
-            invisible_ms: 600_000,
-            consumer_id: "t26".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(popped.messages.len(), 3, "{:?}", popped.error);
+    pop_three(&c, leader).await;
     let st = one(&ns, &["group", "status", "gp"]);
     let q = queue0(&st);
     assert_eq!(st["pop"], true, "{st}");
@@ -533,37 +543,9 @@ async fn t26_4_every_dashboard_metric_is_exported_and_lag_comes_from_the_leader(
         &["produce", "--topic", "lag", "--count", "10", "--size", "8"],
     );
     assert!(ok, "{err}");
-    let (ok, got, err) = raftmq(
-        &ns,
-        &[
-            "consume",
-            "--topic",
-            "lag",
-            "--group",
-            "g",
-            "--max",
-            "4",
-            "--timeout-ms",
-            "5000",
-        ],
-    );
-    assert!(ok && got.len() == 4, "{err}");
+    consume_four(&ns);
     let leader = c.leader().await;
-    let popped = c
-        .client(leader)
-        .await
-        .pop(PopRequest {
-            group: "gp".into(),
-            topic: "lag".into(),
-            max_messages: 3,
-            invisible_ms: 600_000,
-            consumer_id: "t26".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(popped.messages.len(), 3, "{:?}", popped.error);
+    pop_three(&c, leader).await;
 
     let names = dashboard_metrics();
     assert!(names.len() >= 15, "{names:?}");

@@ -74,8 +74,8 @@ impl Lookup {
         self.open_base = offset;
     }
 
-    /// The offsets at or above `min_offset` whose fingerprint is `text`'s, in ascending order:
-    /// candidates to read and compare.
+    /// The offsets at or above `min_offset` whose fingerprint is `text`'s, ascending and each
+    /// once (a message may list the same key twice): candidates to read and compare.
     pub fn candidates(&self, text: &str, min_offset: u64) -> Vec<u64> {
         let fp = fingerprint(text);
         let mut out = Vec::new();
@@ -96,6 +96,7 @@ impl Lookup {
                 .map(|&(_, rel)| self.open_base + rel as u64)
                 .filter(|&o| o >= min_offset),
         );
+        out.dedup();
         out
     }
 

@@ -108,8 +108,8 @@ impl ConsumerGauges {
         })
     }
 
-    fn register(&self, reg: impl Fn(Box<dyn prometheus::core::Collector>) -> Option<()>) {
-        for v in [
+    fn all(&self) -> [&IntGaugeVec; 9] {
+        [
             &self.lag,
             &self.lag_seconds,
             &self.ready,
@@ -119,23 +119,17 @@ impl ConsumerGauges {
             &self.dead_lettered,
             &self.topic_end,
             &self.topic_bytes,
-        ] {
+        ]
+    }
+
+    fn register(&self, reg: impl Fn(Box<dyn prometheus::core::Collector>) -> Option<()>) {
+        for v in self.all() {
             reg(Box::new(v.clone()));
         }
     }
 
     fn reset(&self) {
-        for v in [
-            &self.lag,
-            &self.lag_seconds,
-            &self.ready,
-            &self.inflight,
-            &self.retrying,
-            &self.committed,
-            &self.dead_lettered,
-            &self.topic_end,
-            &self.topic_bytes,
-        ] {
+        for v in self.all() {
             v.reset();
         }
     }

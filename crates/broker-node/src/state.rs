@@ -149,23 +149,37 @@ pub const KEYS_INDEXED_MAX: usize = 16;
 
 /// The keys of a message, as `msg find --key` matches them: the RocketMQ 5 front's list
 /// (`__rmq.keys`) when it stored one, else the key and, when it has spaces (the front joins a
-/// message's keys with one), each word of it.
-pub fn keys_of<'a>(
-    key: &'a str,
-    properties: impl IntoIterator<Item = (&'a str, &'a str)>,
-) -> Vec<&'a str> {
+/// message's keys with one), each word of it; empty ones left out, at most [`KEYS_INDEXED_MAX`].
+/// Calls `f` with each, allocating nothing (apply runs it for every message).
+pub fn for_each_key<'a>(key: &'a str, properties: &[(&'a str, &'a str)], mut f: impl FnMut(&'a str)) {
     let listed = properties
-        .into_iter()
+        .iter()
         .find(|(k, _)| *k == raftmq_rocketmq_v2::convert::P_KEYS)
-        .map(|(_, v)| v);
-    let mut keys: Vec<&str> = match listed {
-        Some(list) => list.split(raftmq_rocketmq_v2::convert::KEYS_SEP).collect(),
-        None if key.contains(' ') => std::iter::once(key).chain(key.split(' ')).collect(),
-        None => vec![key],
+        .map(|(_, v)| *v);
+    let mut taken = 0;
+    let mut take = |k: &'a str| {
+        if !k.is_empty() && taken < KEYS_INDEXED_MAX {
+            taken += 1;
+            f(k);
+        }
     };
-    keys.retain(|k| !k.is_empty());
-    keys.dedup();
-    keys.truncate(KEYS_INDEXED_MAX);
+    match listed {
+        Some(list) => list
+            .split(raftmq_rocketmq_v2::convert::KEYS_SEP)
+            .for_each(&mut take),
+        None => {
+            take(key);
+            if key.contains(' ') {
+                key.split(' ').for_each(&mut take);
+            }
+        }
+    }
+}
+
+/// [`for_each_key`]'s keys, collected.
+pub fn keys_of<'a>(key: &'a str, properties: &[(&'a str, &'a str)]) -> Vec<&'a str> {
+    let mut keys = Vec::new();
+    for_each_key(key, properties, |k| keys.push(k));
     keys
 }
 
@@ -298,9 +312,7 @@ impl QueueState {
             {
                 self.ids.add(offset, id);
             }
-            for k in keys_of(m.key, m.properties.iter().copied()) {
-                self.keys.add(offset, k);
-            }
+            for_each_key(m.key, &m.properties, |k| self.keys.add(offset, k));
         }
         self.bytes += bytes;
         let store_ms = self

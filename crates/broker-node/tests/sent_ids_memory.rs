@@ -1,7 +1,11 @@
-//! What the group's record of client message ids (`SentIds`, for `SendOnce`) costs: heap bytes per
-//! id, counted by a global allocator that counts, and snapshot bytes per id, with the record full
-//! (`SENT_IDS_MAX` ids). Prints the figures; bounds them loosely so a change that makes the record
-//! several times larger fails.
+//! What the group's apply-time records cost, counted by a global allocator that counts:
+//! - the client message ids stored lately (`SentIds`, for `SendOnce`): heap bytes per id, and
+//!   snapshot bytes per id, with the record full (`SENT_IDS_MAX` ids);
+//! - the consume-queue index and the lookup index of ids and keys (`msg get|find`): heap bytes
+//!   per million messages, with and without ids and keys.
+//!
+//! Prints the figures; bounds them loosely so a change that makes a record several times larger
+//! fails. The two tests share the counter, so they run one at a time.
 
 // The one unsafe code in the workspace: a counting allocator that forwards every call to the
 // system allocator, for this measurement only.
@@ -79,8 +83,12 @@ fn state_with(ids: usize) -> BrokerState {
     st
 }
 
+/// The counter is global: one measurement at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn sent_ids_cost_per_id_in_memory_and_in_a_snapshot() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let n = SENT_IDS_MAX;
     // The same state without ids (plain sends) tells what the ids add.
     let before = LIVE.load(Ordering::Relaxed);
@@ -110,5 +118,77 @@ fn sent_ids_cost_per_id_in_memory_and_in_a_snapshot() {
     assert!(
         per_id_snapshot < 40.0,
         "{per_id_snapshot:.1} snapshot bytes per id (22 measured)"
+    );
+}
+
+/// A group that stored `n` messages by plain `Send`s of 100, each (when `labelled`) with a client
+/// id in `__rmq.msgid` and a key shared by ten messages, as `raftmq bench lookup` stores them.
+fn sent_plain(n: usize, labelled: bool) -> BrokerState {
+    let mut st = state_with(0);
+    for b in 0..n.div_ceil(100) {
+        let messages = (0..100.min(n - b * 100))
+            .map(|i| {
+                let k = b * 100 + i;
+                StoredBody {
+                    key: if labelled {
+                        format!("key-{}", k / 10)
+                    } else {
+                        String::new()
+                    },
+                    tag: String::new(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: if labelled {
+                        vec![("__rmq.msgid".into(), format!("id-{k}"))]
+                    } else {
+                        vec![]
+                    },
+                }
+            })
+            .collect();
+        let cmd = Command::Send {
+            topic: "t".into(),
+            queue: 0,
+            producer_id: 0,
+            sequence: 0,
+            timestamp_ms: 1 + b as u64,
+            messages,
+        };
+        st.apply(2 + b as u64, 1, &cmd.encode());
+    }
+    st
+}
+
+#[test]
+fn indexes_cost_per_million_messages() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n = 1_000_000;
+    let heap = |labelled: bool| {
+        let before = LIVE.load(Ordering::Relaxed);
+        let st = sent_plain(n, labelled);
+        let used = LIVE.load(Ordering::Relaxed) - before;
+        let q = st.queue("t", 0).expect("queue 0");
+        (used as f64 / 1e6, q.ids.len() + q.keys.len())
+    };
+    let (plain, none) = heap(false);
+    let (labelled, entries) = heap(true);
+    assert_eq!(
+        none, 0,
+        "a message without id or key is not in the lookup index"
+    );
+    assert_eq!(entries, 2 * n, "one id and one key per message");
+    println!(
+        "per million messages in batches of 100: {plain:.1} MB of consume-queue index without ids \
+         or keys; {labelled:.1} MB with an id and a key each ({:.1} B per message for the lookup \
+         index)",
+        (labelled - plain) * 1e6 / n as f64
+    );
+    assert!(
+        plain < 5.0,
+        "{plain:.1} MB for the runs of a million messages"
+    );
+    assert!(
+        labelled - plain < 40.0,
+        "{:.1} MB for a million ids and keys (16 by construction)",
+        labelled - plain
     );
 }

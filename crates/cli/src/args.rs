@@ -399,6 +399,9 @@ pub enum BenchCmd {
     },
     /// The RocketMQ 5 API with raw gRPC: v2 send beside v1 produce, then POP receive + ack.
     Pop(crate::commands::bench_pop::PopBenchArgs),
+    /// Message lookup at scale: store --count messages with client ids and keys, then time
+    /// `msg get` by id and `msg find --key` on random ones.
+    Lookup(crate::commands::bench_lookup::LookupBenchArgs),
     /// SIGKILL the leader of a local cluster repeatedly; outage = kill → first acknowledged send.
     Failover {
         #[arg(long, default_value_t = 10)]

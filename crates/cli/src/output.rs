@@ -364,6 +364,28 @@ pub fn status_table(s: &ClusterStatus) -> String {
     )
 }
 
+/// A JSON value as a table cell: text as it is, `-` for null, anything else as JSON.
+pub fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        v => v.to_string(),
+    }
+}
+
+/// Every (broker, queue) pair of a `topic status` or `group status` JSON value, in order.
+pub fn each_queue(
+    v: &serde_json::Value,
+) -> impl Iterator<Item = (&serde_json::Value, &serde_json::Value)> {
+    v["brokers"].as_array().into_iter().flatten().flat_map(|b| {
+        b["queues"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(move |q| (b, q))
+    })
+}
+
 /// A time in milliseconds since the epoch as RFC 3339 UTC with milliseconds
 /// (`2026-12-04T20:51:07.123Z`); `-` for none.
 pub fn time_ms(ms: Option<u64>) -> String {

@@ -1,13 +1,16 @@
-//! `raftmq-health`: one `grpc.health.v1.Health/Check` call against a raftmq server.
+//! `raftmq-health`: one `grpc.health.v1.Health/Check` call against a raftmq server, or one
+//! HTTP GET against the web console.
 //!
 //! The container image has no shell, so the compose health checks run this binary:
 //!
 //! ```text
 //! raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS]
+//! raftmq-health --addr HOST:PORT --http PATH [--timeout-ms MS]
 //! ```
 //!
-//! Exit status 0 when the server answers `SERVING` within the timeout; 1 otherwise, with a
-//! one-line reason on standard error. `--service` defaults to `""`, the server's overall health.
+//! Exit status 0 when the server answers `SERVING` (with `--http`: status 200) within the
+//! timeout; 1 otherwise, with a one-line reason on standard error. `--service` defaults to `""`,
+//! the server's overall health.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,7 +20,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 const USAGE: &str = "usage: raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS]\n\
-    Checks grpc.health.v1 on a raftmq server; exit 0 when SERVING, 1 otherwise.\n\
+    \x20      raftmq-health --addr HOST:PORT --http PATH [--timeout-ms MS]\n\
+    Checks grpc.health.v1 on a raftmq server (or GET PATH answers 200, for the web console);\n\
+    exit 0 when SERVING, 1 otherwise.\n\
     Defaults: --addr 127.0.0.1:10911, --service \"\" (whole server), --timeout-ms 2000.";
 
 #[derive(Debug, PartialEq, Eq)]
@@ -25,6 +30,8 @@ struct Args {
     addr: String,
     service: String,
     timeout: Duration,
+    /// GET this path over HTTP/1.1 instead of the gRPC check.
+    http: Option<String>,
 }
 
 /// `Ok(None)` means `--help` was asked for.
@@ -33,6 +40,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
         addr: "127.0.0.1:10911".to_owned(),
         service: String::new(),
         timeout: Duration::from_millis(2_000),
+        http: None,
     };
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -53,6 +61,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
         match flag.as_str() {
             "--addr" => parsed.addr = value()?,
             "--service" => parsed.service = value()?,
+            "--http" => {
+                let path = value()?;
+                if !path.starts_with('/') {
+                    return Err(format!("--http {path:?} is not a path (it starts with /)"));
+                }
+                parsed.http = Some(path);
+            }
             "--timeout-ms" => {
                 let v = value()?;
                 let ms: u64 = v
@@ -66,7 +81,34 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
     Ok(Some(parsed))
 }
 
+/// `GET path` over HTTP/1.1: Ok when the status is 200.
+async fn check_http(addr: &str, path: &str) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("cannot send to {addr}: {e}"))?;
+    let mut head = [0u8; 64];
+    let n = s
+        .read(&mut head)
+        .await
+        .map_err(|e| format!("no answer from {addr}: {e}"))?;
+    let status = String::from_utf8_lossy(&head[..n]);
+    let line = status.lines().next().unwrap_or_default();
+    if line.starts_with("HTTP/1.1 200") || line.starts_with("HTTP/1.0 200") {
+        Ok(())
+    } else {
+        Err(format!("GET http://{addr}{path} answered {line:?}"))
+    }
+}
+
 async fn check(args: &Args) -> Result<(), String> {
+    if let Some(path) = &args.http {
+        return check_http(&args.addr, path).await;
+    }
     let uri = if args.addr.contains("://") {
         args.addr.clone()
     } else {
@@ -184,6 +226,11 @@ mod tests {
         assert_eq!(a.addr, "ns1:9876");
         assert_eq!(a.service, "raftmq.v1.X");
         assert_eq!(a.timeout, Duration::from_millis(500));
+        assert_eq!(a.http, None);
+        let h = parse(&["--addr", "127.0.0.1:8080", "--http", "/api/cluster"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.http.as_deref(), Some("/api/cluster"));
     }
 
     #[test]
@@ -192,5 +239,6 @@ mod tests {
         assert!(parse(&["--addr"]).is_err());
         assert!(parse(&["--timeout-ms", "soon"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--http", "api/cluster"]).is_err());
     }
 }

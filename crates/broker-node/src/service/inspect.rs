@@ -197,8 +197,12 @@ impl Broker {
                     (
                         c,
                         Box::new(move |m: &StoredMessage| {
-                            let props = m.properties.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-                            keys_of(&m.key, props).contains(&key.as_str())
+                            let props: Vec<(&str, &str)> = m
+                                .properties
+                                .iter()
+                                .map(|(k, v)| (k.as_str(), v.as_str()))
+                                .collect();
+                            keys_of(&m.key, &props).contains(&key.as_str())
                         }),
                     )
                 }

@@ -98,6 +98,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             .await
         }
         BenchCmd::Pop(args) => crate::commands::bench_pop::run(nameserver, json, args).await,
+        BenchCmd::Lookup(args) => crate::commands::bench_lookup::run(nameserver, json, args).await,
         BenchCmd::Failover {
             kills,
             senders,
@@ -215,7 +216,14 @@ pub struct ProduceShape {
     /// messages go to one queue, in order. 0: no keys.
     #[arg(long, default_value_t = 0)]
     pub(crate) keys: u64,
+    /// Give each message a client message id (`__rmq.msgid` = `id-N`, as RocketMQ 5 clients
+    /// set one), which broker groups index for `msg get`.
+    #[arg(long)]
+    pub(crate) ids: bool,
 }
+
+/// The property RocketMQ 5 clients' message ids are stored in (the RocketMQ 5 front's name).
+pub(crate) const CLIENT_ID_PROPERTY: &str = raftmq_rocketmq_v2::convert::P_MSGID;
 
 pub(crate) async fn produce(
     ns: &str,
@@ -251,11 +259,14 @@ pub(crate) async fn produce(
     while acked + failed < count {
         while sent < count && pending.len() < inflight.max(1) {
             let body = generated_body(sent, size);
-            let message = if shape.keys > 0 {
+            let mut message = if shape.keys > 0 {
                 Message::new(body).with_key(format!("key-{}", sent % shape.keys))
             } else {
                 Message::new(body)
             };
+            if shape.ids {
+                message = message.with_property(CLIENT_ID_PROPERTY, format!("id-{sent}"));
+            }
             sent += 1;
             let p = &producer;
             pending.push(async move {

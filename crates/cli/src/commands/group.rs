@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::args::{GroupArgs, GroupCmd};
-use crate::output::{age_ms, json_line, table, time_ms};
+use crate::output::{age_ms, cell, each_queue, json_line, table, time_ms};
 
 pub async fn run(nameserver: &str, json: bool, cmd: GroupCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
@@ -280,7 +280,6 @@ pub async fn status_value(admin: &Admin, group: &str, topic: Option<&str>) -> Re
 
 /// `group status` as a table: one row per queue, POP columns for a POP group.
 fn status_table(v: &Value) -> String {
-    let n = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
     let pop = v["pop"].as_bool().unwrap_or(false);
     let mut header = vec![
         "BROKER",
@@ -297,26 +296,24 @@ fn status_table(v: &Value) -> String {
         header.extend(["READY", "INFLIGHT", "RETRYING", "DLQ_WAIT"]);
     }
     let mut rows = Vec::new();
-    for b in v["brokers"].as_array().into_iter().flatten() {
-        for q in b["queues"].as_array().into_iter().flatten() {
-            let mut row = vec![
-                b["name"].as_str().unwrap_or("-").to_string(),
-                q["topic"].as_str().unwrap_or("-").to_string(),
-                n(&q["queue"]),
-                n(&q["committed_offset"]),
-                n(&q["max_offset"]),
-                n(&q["lag"]),
-                age_ms(q["lag_ms"].as_u64()),
-                q["member"].as_str().unwrap_or("-").to_string(),
-                time_ms(q["last_commit_ms"].as_u64()),
-            ];
-            if pop {
-                row.extend(
-                    ["ready", "inflight", "retrying", "dead_letter_waiting"].map(|k| n(&q[k])),
-                );
-            }
-            rows.push(row);
+    for (b, q) in each_queue(v) {
+        let mut row = vec![
+            b["name"].as_str().unwrap_or("-").to_string(),
+            q["topic"].as_str().unwrap_or("-").to_string(),
+            cell(&q["queue"]),
+            cell(&q["committed_offset"]),
+            cell(&q["max_offset"]),
+            cell(&q["lag"]),
+            age_ms(q["lag_ms"].as_u64()),
+            q["member"].as_str().unwrap_or("-").to_string(),
+            time_ms(q["last_commit_ms"].as_u64()),
+        ];
+        if pop {
+            row.extend(
+                ["ready", "inflight", "retrying", "dead_letter_waiting"].map(|k| cell(&q[k])),
+            );
         }
+        rows.push(row);
     }
     let dlq: u64 = v["brokers"]
         .as_array()
@@ -329,7 +326,7 @@ fn status_table(v: &Value) -> String {
         "group {}{}: lag {}, {} member(s) connected, {} dead-lettered\n{}",
         v["group"].as_str().unwrap_or("-"),
         if pop { " (POP)" } else { "" },
-        n(&v["lag"]),
+        cell(&v["lag"]),
         members,
         dlq,
         table(&header, &rows)

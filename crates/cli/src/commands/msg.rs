@@ -7,7 +7,7 @@ use raftmq_proto::v1::{StoredMessage, TimeRange, find_messages_request};
 use serde_json::{Map, Value, json};
 
 use crate::args::MsgCmd;
-use crate::output::{body_field, json_line, table, time_ms};
+use crate::output::{body_field, cell, json_line, table, time_ms};
 
 /// What to look a message up by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,11 +118,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: MsgCmd) -> Result<()> {
         }
         return Ok(());
     }
-    let s = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        v => v.to_string(),
-    };
+    let s = cell;
     let rows: Vec<Vec<String>> = found
         .iter()
         .map(|m| {

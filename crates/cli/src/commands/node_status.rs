@@ -4,7 +4,7 @@ use anyhow::{Result, bail};
 use raftmq_client::Admin;
 use serde_json::{Value, json};
 
-use crate::output::{age_ms, table};
+use crate::output::{age_ms, cell, table};
 
 /// The address of `node` (an address, or a node id of `broker` or of the one group that has it).
 async fn resolve(admin: &Admin, node: &str, broker: Option<&str>) -> Result<(String, String)> {
@@ -102,11 +102,7 @@ pub async fn status_value(admin: &Admin, node: &str, broker: Option<&str>) -> Re
 /// `node status` for a person: the figures, the segments summed up, the followers as a table,
 /// the config in effect.
 pub fn status_text(v: &Value) -> String {
-    let s = |v: &Value| match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        v => v.to_string(),
-    };
+    let s = cell;
     let segs = v["segments"].as_array().cloned().unwrap_or_default();
     let seg_bytes: u64 = segs.iter().filter_map(|g| g["bytes"].as_u64()).sum();
     let seg_range = match (segs.first(), segs.last()) {

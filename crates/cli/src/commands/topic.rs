@@ -6,7 +6,7 @@ use raftmq_client::{Admin, TopicInfo};
 use serde_json::{Value, json};
 
 use crate::args::TopicCmd;
-use crate::output::{RouteJson, json_line, table, time_ms};
+use crate::output::{RouteJson, cell, each_queue, json_line, table, time_ms};
 
 pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
@@ -172,21 +172,18 @@ pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
 
 /// `topic status` as a table: one row per queue, then the totals.
 fn status_table(v: &Value) -> String {
-    let n = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
     let mut rows = Vec::new();
-    for b in v["brokers"].as_array().into_iter().flatten() {
-        for q in b["queues"].as_array().into_iter().flatten() {
-            rows.push(vec![
-                b["name"].as_str().unwrap_or("-").to_string(),
-                n(&q["queue"]),
-                n(&b["leader_id"]),
-                n(&q["min_offset"]),
-                n(&q["max_offset"]),
-                n(&q["messages"]),
-                n(&q["bytes"]),
-                time_ms(q["last_store_ms"].as_u64()),
-            ]);
-        }
+    for (b, q) in each_queue(v) {
+        rows.push(vec![
+            b["name"].as_str().unwrap_or("-").to_string(),
+            cell(&q["queue"]),
+            cell(&b["leader_id"]),
+            cell(&q["min_offset"]),
+            cell(&q["max_offset"]),
+            cell(&q["messages"]),
+            cell(&q["bytes"]),
+            time_ms(q["last_store_ms"].as_u64()),
+        ]);
     }
     rows.push(vec![
         "total".into(),
@@ -194,8 +191,8 @@ fn status_table(v: &Value) -> String {
         String::new(),
         String::new(),
         String::new(),
-        n(&v["messages"]),
-        n(&v["bytes"]),
+        cell(&v["messages"]),
+        cell(&v["bytes"]),
         String::new(),
     ]);
     format!(

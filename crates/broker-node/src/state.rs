@@ -151,7 +151,11 @@ pub const KEYS_INDEXED_MAX: usize = 16;
 /// (`__rmq.keys`) when it stored one, else the key and, when it has spaces (the front joins a
 /// message's keys with one), each word of it; empty ones left out, at most [`KEYS_INDEXED_MAX`].
 /// Calls `f` with each, allocating nothing (apply runs it for every message).
-pub fn for_each_key<'a>(key: &'a str, properties: &[(&'a str, &'a str)], mut f: impl FnMut(&'a str)) {
+pub fn for_each_key<'a>(
+    key: &'a str,
+    properties: &[(&'a str, &'a str)],
+    mut f: impl FnMut(&'a str),
+) {
     let listed = properties
         .iter()
         .find(|(k, _)| *k == raftmq_rocketmq_v2::convert::P_KEYS)
@@ -1136,7 +1140,11 @@ mod tests {
         assert_eq!(q.offset_at_time(0), 0);
         assert_eq!(q.offset_at_time(1001), 1);
         assert_eq!(q.offset_at_time(2500), 3);
-        assert_eq!(q.offset_at_time(3001), 4, "none stored after: the next offset");
+        assert_eq!(
+            q.offset_at_time(3001),
+            4,
+            "none stored after: the next offset"
+        );
         let one = message_bytes(&BodyView {
             key: "k1",
             tag: "",
@@ -1167,7 +1175,10 @@ mod tests {
             }
             .encode(),
         );
-        assert_eq!(a.offset_times.get(&("g".into(), "t".into(), 0)), Some(&3000));
+        assert_eq!(
+            a.offset_times.get(&("g".into(), "t".into(), 0)),
+            Some(&3000)
+        );
     }
 
     #[test]

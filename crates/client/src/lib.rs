@@ -31,9 +31,9 @@
 
 pub mod admin;
 mod conn;
-pub mod inspect;
 pub mod consumer;
 pub mod error;
+pub mod inspect;
 pub mod nameserver;
 pub mod producer;
 pub mod queue;

@@ -302,10 +302,11 @@ fn queue0(st: &Value) -> &Value {
 /// 26.2 `group status` of a pull group: committed offset, lag in messages and age, last commit;
 ///      the member reading a queue while one runs; `group reset` refused while it runs (naming
 ///      it), done with `--force`, and to earliest, latest and a time. A POP group's deliveries
-///      show as in flight and ready.
+///      show as in flight and ready; its reset moves its cursor, drops what is in flight, and
+///      holds after a leader kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t26_2_group_status_and_reset() {
-    let c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    let mut c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
     c.create_topic("lag", 1).await;
     let ns = c.nameserver.clone();
     let produce = |n: &str| {
@@ -413,11 +414,45 @@ async fn t26_2_group_status_and_reset() {
     assert_eq!(count_of(q, "inflight"), 3, "{st}");
     assert_eq!(count_of(q, "ready"), 12, "{st}");
     assert_eq!(count_of(q, "lag"), 15, "{st}");
-    let (ok, _, err) = raftmq(
+    // A POP group's reset moves its cursor and drops what is in flight, on every replica.
+    let r = one(
         &ns,
         &["group", "reset", "gp", "--topic", "lag", "--to", "latest"],
     );
-    assert!(!ok && err.contains("POP group"), "{err}");
+    assert_eq!(
+        r["queues"][0]["from"], 3,
+        "the cursor was after 3 deliveries: {r}"
+    );
+    assert_eq!(r["queues"][0]["to"], 15, "{r}");
+    let q = queue0(&one(&ns, &["group", "status", "gp"])).clone();
+    assert_eq!(
+        (count_of(&q, "inflight"), count_of(&q, "lag")),
+        (0, 0),
+        "{q}"
+    );
+    let r = one(
+        &ns,
+        &["group", "reset", "gp", "--topic", "lag", "--to", "earliest"],
+    );
+    assert_eq!(r["queues"][0]["to"], 0, "{r}");
+    c.kill(leader);
+    let st = wait_for(
+        "the new leader to answer",
+        Duration::from_secs(20),
+        || async {
+            let (ok, v, _) = raftmq(&ns, &["group", "status", "gp"]);
+            v.into_iter()
+                .next()
+                .filter(|v| ok && v["brokers"][0]["leader_id"] != leader)
+        },
+    )
+    .await;
+    let q = queue0(&st);
+    assert_eq!(
+        (count_of(q, "pop_next"), count_of(q, "ready")),
+        (0, 15),
+        "{st}"
+    );
     let (ok, _, err) = raftmq(&ns, &["group", "status", "nobody"]);
     assert!(!ok && err.contains("nobody"), "{err}");
 }

@@ -6,7 +6,8 @@
 //! A command is the postcard encoding of [`Command`], with no header (as every earlier build wrote
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
-//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12), then the variant's fields in
+//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13), then the
+//! variant's fields in
 //! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
 //! length then the bytes, a vector a varint count then its items. A `Send` is
 //!
@@ -36,7 +37,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 13;
+pub const COMMAND_TAGS: u32 = 14;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -202,6 +203,15 @@ pub enum CommandOf<B> {
         timestamp_ms: u64,
         id_property: String,
         messages: Vec<B>,
+    },
+    /// `raftmq group reset` of a POP consumer group on one queue: the group's next new offset
+    /// becomes `offset` (held to the queue's bounds at apply), and its deliveries in flight and
+    /// dead letters waiting on that queue are dropped (their receipt handles stop being valid).
+    ResetPop {
+        group: String,
+        topic: String,
+        queue: u32,
+        offset: u64,
     },
 }
 

@@ -125,6 +125,28 @@ pub enum DeadLetterClaim {
 }
 
 impl PopState {
+    /// `ResetPop`: the group's cursor on (`topic`, `queue`) moves to `offset` held to the queue's
+    /// `bounds`; its deliveries in flight and dead letters waiting there are dropped.
+    pub fn reset(
+        &mut self,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        (min, next): Bounds,
+    ) -> Reply {
+        let key = (group.to_string(), topic.to_string(), queue);
+        if !self.groups.contains_key(group) && !self.queues.contains_key(&key) {
+            return Reply::GroupNotFound(group.to_string());
+        }
+        let q = self.queues.entry(key).or_default();
+        q.next = offset.clamp(min, next);
+        q.inflight.clear();
+        self.dead_letters
+            .retain(|(g, t, qq, _), _| !(g == group && t == topic && *qq == queue));
+        Reply::Ok
+    }
+
     fn tick(&mut self, now_ms: u64) {
         self.clock_ms = self.clock_ms.max(now_ms);
     }
@@ -621,5 +643,54 @@ mod tests {
             ..Default::default()
         };
         assert_eq!((c.retry_delay_ms(1), c.retry_delay_ms(5)), (100, 200));
+    }
+
+    /// 10. A reset moves the cursor (held to the queue's bounds), drops the deliveries in flight
+    ///     and dead letters waiting on that queue only, and refuses an unknown group; an ack of a
+    ///     dropped delivery then names no delivery.
+    #[test]
+    fn t10_reset_moves_the_cursor_and_drops_what_is_in_flight() {
+        let mut s = PopState::default();
+        s.pop(
+            10,
+            "g",
+            "t",
+            1000,
+            5000,
+            true,
+            &[(0, 0), (0, 1)],
+            &[(0, 2)],
+            bounds,
+        );
+        s.pop(11, "g", "t", 1000, 5000, true, &[(1, 0)], &[(1, 1)], bounds);
+        s.dead_letters.insert(("g".into(), "t".into(), 0, 5), 16);
+        assert_eq!(s.reset("g", "t", 0, 500, (0, 100)), Reply::Ok);
+        let q0 = &s.queues[&("g".into(), "t".into(), 0)];
+        assert_eq!(
+            (q0.next, q0.inflight.len()),
+            (100, 0),
+            "held to the queue's end"
+        );
+        assert!(s.dead_letters.is_empty());
+        let q1 = &s.queues[&("g".into(), "t".into(), 1)];
+        assert_eq!(
+            (q1.next, q1.inflight.len()),
+            (1, 1),
+            "another queue is left alone"
+        );
+        assert_eq!(
+            s.ack("g", "t", 1000, &[(0, 0, 10)]),
+            Reply::Acked(vec![false])
+        );
+        assert_eq!(s.reset("g", "t", 0, 0, (3, 100)), Reply::Ok);
+        assert_eq!(
+            s.queues[&("g".into(), "t".into(), 0)].next,
+            3,
+            "held to its start"
+        );
+        assert_eq!(
+            s.reset("other", "t", 0, 0, (0, 100)),
+            Reply::GroupNotFound("other".into())
+        );
     }
 }

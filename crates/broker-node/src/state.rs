@@ -642,6 +642,18 @@ impl BrokerState {
                     now_ms,
                 )
             }
+            CommandView::ResetPop {
+                group,
+                topic,
+                queue,
+                offset,
+            } => {
+                let Some(q) = self.queue(&topic, queue) else {
+                    return Reply::TopicNotFound(topic);
+                };
+                let bounds = (q.min_offset, q.next_offset);
+                self.pop.reset(&group, &topic, queue, offset, bounds)
+            }
             CommandView::DeadLetter {
                 group,
                 topic,

@@ -198,8 +198,9 @@ pub enum GroupCmd {
         #[arg(long)]
         topic: Option<String>,
     },
-    /// Move a pull group's committed offsets on a topic (replicated; refused while members are
-    /// connected, unless --force).
+    /// Move a group on a topic: a pull group's committed offsets, a POP group's cursor (its
+    /// deliveries in flight are dropped). Replicated; refused while pull members are connected,
+    /// unless --force.
     Reset {
         name: String,
         #[arg(long)]

@@ -24,6 +24,11 @@ impl Reply for v1::GroupStatusResponse {
         self.error.as_ref()
     }
 }
+impl Reply for v1::ResetOffsetResponse {
+    fn error(&self) -> Option<&v1::Error> {
+        self.error.as_ref()
+    }
+}
 impl Reply for v1::FindMessagesResponse {
     fn error(&self) -> Option<&v1::Error> {
         self.error.as_ref()
@@ -227,10 +232,11 @@ impl Admin {
         Ok(found)
     }
 
-    /// Moves the committed offsets of the pull consumer group `group` on every queue of `topic`
-    /// (a replicated commit on each broker group's leader). Refused while members of the group
-    /// are connected (they would commit over it) unless `force`, and for a POP group (its
-    /// progress is not an offset).
+    /// Moves consumer group `group` on every queue of `topic` (replicated, on each broker group's
+    /// leader): a pull group's committed offsets, or a POP group's cursor (its deliveries in
+    /// flight there are dropped). Refused while pull members of the group are connected (they
+    /// would commit over it) unless `force`. RocketMQ 5 (POP) consumers do not heartbeat here, so
+    /// their presence is not checked.
     pub async fn reset_group(
         &self,
         group: &str,
@@ -244,12 +250,6 @@ impl Admin {
             Err(Error::GroupNotFound { .. }) => Vec::new(),
             Err(e) => return Err(e),
         };
-        if before.iter().any(|a| a.reply.pop) {
-            return Err(Error::InvalidArgument(format!(
-                "group {group} is a POP group (RocketMQ 5 consumers): reset moves pull-consumer \
-                 offsets only"
-            )));
-        }
         let mut members: Vec<&str> = before
             .iter()
             .flat_map(|a| a.reply.members.iter().map(String::as_str))
@@ -268,13 +268,14 @@ impl Admin {
             ResetTo::Time(ms) => Some(ms),
             _ => None,
         };
+        // Where each queue was: the committed offset, or a POP group's cursor.
         let committed: BTreeMap<(String, u32), Option<u64>> = before
             .iter()
             .flat_map(|a| {
-                a.reply
-                    .queues
-                    .iter()
-                    .map(|q| ((a.broker.clone(), q.queue), q.committed_offset))
+                a.reply.queues.iter().map(|q| {
+                    let at = q.committed_offset.or(q.pop_next);
+                    ((a.broker.clone(), q.queue), at)
+                })
             })
             .collect();
         let deadline = self.deadline();
@@ -286,7 +287,7 @@ impl Admin {
                     ResetTo::Latest => q.max_offset,
                     ResetTo::Time(_) => q.offset_at.unwrap_or(q.max_offset),
                 };
-                let req = v1::CommitOffsetRequest {
+                let req = v1::ResetOffsetRequest {
                     group: group.to_string(),
                     topic: topic.to_string(),
                     queue: q.queue,
@@ -295,10 +296,10 @@ impl Admin {
                 self.router
                     .call_leader(
                         &a.broker,
-                        "CommitOffset",
+                        "ResetOffset",
                         deadline,
                         each_attempt(&req, |ch, r| async move {
-                            BrokerServiceClient::new(ch).commit_offset(r).await
+                            BrokerServiceClient::new(ch).reset_offset(r).await
                         }),
                     )
                     .await?;

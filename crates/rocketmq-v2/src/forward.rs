@@ -338,7 +338,8 @@ mod tests {
         HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse,
         ListGroupsRequest, ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef,
         NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
-        PopResponse, PullRequest, PullResponse, SendRequest, SendResponse, SendResult,
+        PopResponse, PullRequest, PullResponse, ResetOffsetRequest, ResetOffsetResponse,
+        SendRequest, SendResponse, SendResult,
     };
 
     use super::*;
@@ -416,6 +417,7 @@ mod tests {
         pop_ack(PopAckRequest) -> PopAckResponse;
         change_invisible(ChangeInvisibleRequest) -> ChangeInvisibleResponse;
         dead_letter(DeadLetterRequest) -> DeadLetterResponse;
+        reset_offset(ResetOffsetRequest) -> ResetOffsetResponse;
     }
 
     fn forwarder(not_leader: u32, leader: Option<&str>) -> Forwarder<Fake> {

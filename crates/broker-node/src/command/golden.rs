@@ -167,6 +167,15 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "0c066f726465727303090a84d095ffbc3102696401000174017801026964024d31",
         ),
+        (
+            Command::ResetPop {
+                group: "g1".into(),
+                topic: "orders".into(),
+                queue: 2,
+                offset: 300,
+            },
+            "0d026731066f726465727302ac02",
+        ),
     ]
 }
 
@@ -459,8 +468,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 13, which this broker-node does not know (command \
-         format version 1 has tags 0..13): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 14, which this broker-node does not know (command \
+         format version 1 has tags 0..14): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.

@@ -13,7 +13,7 @@ use raftmq_proto::v1::{
     HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
     ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef, NodeStatusRequest,
     NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest, PopResponse, PullRequest,
-    PullResponse, SendRequest, SendResponse, TopicConfig,
+    PullResponse, ResetOffsetRequest, ResetOffsetResponse, SendRequest, SendResponse, TopicConfig,
 };
 use tonic::{Request, Response, Status};
 
@@ -340,6 +340,49 @@ impl BrokerService for Broker {
         let outcome = self.dead_letter_now(req.into_inner()).await;
         Ok(Response::new(DeadLetterResponse {
             error: reply_field(outcome),
+        }))
+    }
+
+    async fn reset_offset(
+        &self,
+        req: Request<ResetOffsetRequest>,
+    ) -> Result<Response<ResetOffsetResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = async {
+            check_name("group", &req.group).map_err(Error::invalid)?;
+            self.require_leader()?;
+            self.check_topic(&req.topic, req.queue)?;
+            let pop = self.node.state_value(|st| {
+                st.pop.groups.contains_key(&req.group)
+                    || st.pop.queues.contains_key(&(
+                        req.group.clone(),
+                        req.topic.clone(),
+                        req.queue,
+                    ))
+            });
+            let cmd = if pop {
+                Command::ResetPop {
+                    group: req.group,
+                    topic: req.topic,
+                    queue: req.queue,
+                    offset: req.offset,
+                }
+            } else {
+                Command::CommitOffset {
+                    group: req.group,
+                    topic: req.topic,
+                    queue: req.queue,
+                    offset: req.offset,
+                }
+            };
+            self.propose_for_error(cmd).await.map(|()| pop)
+        };
+        Ok(Response::new(match outcome.await {
+            Ok(pop) => ResetOffsetResponse { error: None, pop },
+            Err(e) => ResetOffsetResponse {
+                error: Some(e.into()),
+                pop: false,
+            },
         }))
     }
 }

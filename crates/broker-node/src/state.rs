@@ -442,6 +442,7 @@ impl BrokerState {
                     return Reply::TopicNotFound(name);
                 }
                 self.offsets.retain(|(_, t, _), _| *t != name);
+                self.offset_times.retain(|(_, t, _), _| *t != name);
                 self.topic_types.remove(&name);
                 self.pop.drop_topic(&name);
                 self.topic_version += 1;

@@ -6,7 +6,8 @@
 //! A command is the postcard encoding of [`Command`], with no header (as every earlier build wrote
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
-//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13), then the
+//! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13, `Schedule` 14,
+//! `Deliver` 15, `Recall` 16), then the
 //! variant's fields in
 //! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
 //! length then the bytes, a vector a varint count then its items. A `Send` is
@@ -37,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 14;
+pub const COMMAND_TAGS: u32 = 17;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -213,6 +214,42 @@ pub enum CommandOf<B> {
         queue: u32,
         offset: u64,
     },
+    /// A send to a DELAY topic: its messages wait in the timer ([`crate::timer`]) until
+    /// `deliver_at_ms` (one per message), stored only in this entry until then. Deduplicated as
+    /// a `SendOnce` (by `id_property`, when not empty) and by the producer window. `replaces`
+    /// is empty, or one (log index, position) per message: a waiting message this entry moves
+    /// (a roll), stored again here with its time; then apply stores nothing unless every one of
+    /// them still waits.
+    Schedule {
+        topic: String,
+        queue: u32,
+        producer_id: u64,
+        sequence: u64,
+        timestamp_ms: u64,
+        id_property: String,
+        deliver_at_ms: Vec<u64>,
+        replaces: Vec<(u64, u32)>,
+        messages: Vec<B>,
+    },
+    /// Scheduled messages due at the leader's clock `now_ms`, carried into one queue: `due`
+    /// names each (delivery time, log index, position) and `messages` holds it. Apply stores
+    /// them (store time `now_ms`) only if every one still waits for this queue and is due at
+    /// `now_ms`; else nothing ([`Reply::NotScheduled`]), so a repeat delivers nothing twice.
+    Deliver {
+        topic: String,
+        queue: u32,
+        now_ms: u64,
+        due: Vec<(u64, u64, u32)>,
+        messages: Vec<B>,
+    },
+    /// Cancels a scheduled message still waiting: (delivery time, log index, position).
+    Recall {
+        topic: String,
+        queue: u32,
+        deliver_at_ms: u64,
+        log_index: u64,
+        position: u32,
+    },
 }
 
 /// The state machine's answer to a command. The variant index is the tag: append only, never
@@ -254,6 +291,16 @@ pub enum Reply {
     /// A `SendOnce` that stored nothing because some of its messages were stored before: per
     /// message, in order, where its first copy is (queue, offset), or `None` for a new one.
     SentBefore(Vec<Option<(u32, u64)>>),
+    /// A `Schedule` stored: its `count` messages wait in the timer, positions 0.. of entry
+    /// `log_index`. `duplicate`: a producer-window repeat, stored before.
+    Scheduled {
+        queue: u32,
+        count: u32,
+        log_index: u64,
+        duplicate: bool,
+    },
+    /// A `Deliver`, `Recall` or roll that named a message no longer waiting (or not yet due).
+    NotScheduled(String),
 }
 
 pub type Command = CommandOf<StoredBody>;
@@ -265,6 +312,8 @@ impl Command {
         let size = match self {
             CommandOf::Send { messages, .. }
             | CommandOf::SendOnce { messages, .. }
+            | CommandOf::Schedule { messages, .. }
+            | CommandOf::Deliver { messages, .. }
             | CommandOf::DeadLetter { messages, .. } => messages
                 .iter()
                 .map(|m| {
@@ -293,8 +342,9 @@ impl<'a> CommandView<'a> {
         postcard::from_bytes(b)
     }
 
-    /// The messages an entry stored in a queue and their store time: a `Send`'s, or the one a
-    /// `DeadLetter` stored in its dead-letter topic.
+    /// The messages an entry stored in a queue and their store time: a `Send`'s, the ones a
+    /// `Deliver` carried into their queue, or the one a `DeadLetter` stored in its dead-letter
+    /// topic. (A `Schedule`'s messages are in no queue until delivered.)
     pub fn stored(&self) -> Option<(&[BodyView<'a>], u64)> {
         match self {
             CommandOf::Send {
@@ -312,6 +362,9 @@ impl<'a> CommandView<'a> {
                 timestamp_ms,
                 ..
             } => Some((messages, *timestamp_ms)),
+            CommandOf::Deliver {
+                messages, now_ms, ..
+            } => Some((messages, *now_ms)),
             _ => None,
         }
     }

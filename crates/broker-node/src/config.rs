@@ -23,7 +23,12 @@ pub struct Limits {
     pub pull_wait_ms_max: u32,
     /// Sends waiting for commit at once; past it a send gets BUSY.
     pub inflight_sends_max: usize,
+    /// How far ahead a scheduled message's delivery time may be (DELAY topics), in ms.
+    pub delivery_horizon_ms: u64,
 }
+
+/// The default [`Limits::delivery_horizon_ms`]: 40 days, as RocketMQ's timer.
+pub const DELIVERY_HORIZON_MS_DEFAULT: u64 = 40 * 24 * 3600 * 1000;
 
 impl Default for Limits {
     /// The contract's limits (`raftmq_proto::limits`); a client that does not yet know a group's
@@ -38,6 +43,7 @@ impl Default for Limits {
             pull_messages_max: 1000,
             pull_wait_ms_max: 30_000,
             inflight_sends_max: 4096,
+            delivery_horizon_ms: DELIVERY_HORIZON_MS_DEFAULT,
         }
     }
 }

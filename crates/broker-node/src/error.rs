@@ -159,6 +159,24 @@ pub enum Refused {
         /// The group.
         group: String,
     },
+    /// A delivery time that is not a number of ms, further ahead than the horizon, or on a topic
+    /// that is not of type DELAY (the reason says which, and names the message).
+    #[error("{reason}")]
+    IllegalDeliveryTime {
+        /// The rule broken, e.g. "message 2: delivery time … is beyond the horizon of 40 days".
+        reason: String,
+    },
+    /// A recall of a message that does not wait for its time.
+    #[error(
+        "message {id} of topic {topic} is not waiting for its delivery time: it was delivered or \
+         recalled already, or was never scheduled"
+    )]
+    NotScheduled {
+        /// The message id asked for.
+        id: String,
+        /// The topic.
+        topic: String,
+    },
     /// A pull from an offset outside what the queue holds; the reply carries the range.
     #[error("offset {offset} is outside the queue's range [{min}, {max}]")]
     OffsetOutOfRange {
@@ -306,8 +324,10 @@ impl Error {
                 group: group.clone(),
             }
             .into(),
+            Reply::NotScheduled(reason) => Error::invalid(reason.clone()),
             Reply::Ok
             | Reply::Sent { .. }
+            | Reply::Scheduled { .. }
             | Reply::Popped { .. }
             | Reply::Acked(_)
             | Reply::Changed { .. }
@@ -338,6 +358,8 @@ impl Error {
                 Refused::InvalidReceiptHandle { .. } => ErrorCode::InvalidReceiptHandle,
                 Refused::GroupNotFound { .. } => ErrorCode::GroupNotFound,
                 Refused::GroupExists { .. } => ErrorCode::GroupExists,
+                Refused::IllegalDeliveryTime { .. } => ErrorCode::IllegalDeliveryTime,
+                Refused::NotScheduled { .. } => ErrorCode::NotScheduled,
             },
             Error::Unavailable(u) => match u {
                 Unavailable::Busy => ErrorCode::Busy,

@@ -33,6 +33,7 @@ pub mod register;
 pub mod retention;
 pub mod service;
 pub mod state;
+pub mod timer;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -86,6 +87,7 @@ pub async fn serve(
     preferred::spawn(node.clone());
     features::spawn(node.clone());
     service::spawn_dead_letter_mover(node.clone());
+    service::spawn_deliverer(node.clone());
 
     // The whole server ("") answers health checks as soon as it listens (liveness); the broker
     // service is SERVING only while the node is ready (leads, or follows a live leader and holds

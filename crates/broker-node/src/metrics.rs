@@ -47,6 +47,7 @@ struct ConsumerGauges {
     dead_lettered: IntGaugeVec,
     topic_end: IntGaugeVec,
     topic_bytes: IntGaugeVec,
+    topic_scheduled: IntGaugeVec,
 }
 
 const QUEUE_LABELS: [&str; 3] = ["group", "topic", "queue"];
@@ -105,10 +106,18 @@ impl ConsumerGauges {
                 &["topic"],
             )
             .ok()?,
+            topic_scheduled: IntGaugeVec::new(
+                Opts::new(
+                    "raftmq_topic_scheduled_messages",
+                    "messages of a DELAY topic waiting for their delivery time (leader only)",
+                ),
+                &["topic"],
+            )
+            .ok()?,
         })
     }
 
-    fn all(&self) -> [&IntGaugeVec; 9] {
+    fn all(&self) -> [&IntGaugeVec; 10] {
         [
             &self.lag,
             &self.lag_seconds,
@@ -119,6 +128,7 @@ impl ConsumerGauges {
             &self.dead_lettered,
             &self.topic_end,
             &self.topic_bytes,
+            &self.topic_scheduled,
         ]
     }
 
@@ -144,6 +154,12 @@ impl ConsumerGauges {
             self.topic_bytes
                 .with_label_values(&[name])
                 .set(bytes as i64);
+            let scheduled = st.timer.count(name);
+            if scheduled > 0 {
+                self.topic_scheduled
+                    .with_label_values(&[name])
+                    .set(scheduled as i64);
+            }
         }
         for group in inspect::groups(st) {
             self.dead_lettered

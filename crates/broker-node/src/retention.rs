@@ -72,12 +72,14 @@ pub fn spawn(node: Arc<Node>) {
             if st.role != Role::Leader {
                 continue;
             }
+            // Never past an entry with a scheduled message still waiting (apply holds it too).
+            let held = node.state_value(|s| s.timer.oldest_entry().map(|o| o - 1));
             let upto = trim_point(
                 &node.member.sealed_segments(),
                 SystemTime::now(),
                 &cfg,
                 used,
-                st.applied,
+                held.map_or(st.applied, |h| h.min(st.applied)),
             );
             if upto > trimmed {
                 tracing::info!(upto, disk_used_pct = used, "retention trims the log");

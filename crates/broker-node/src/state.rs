@@ -19,6 +19,7 @@ use raftmq_raft_log::state_machine::format;
 use crate::command::{BodyView, CommandView, Reply, check_command_format};
 use crate::lookup::Lookup;
 use crate::pop::{self, PopState, TAGS_MIXED};
+use crate::timer::Timer;
 use raftmq_rocketmq_v2::convert::P_MSGID;
 
 /// The format version of the broker-state snapshot this build writes and the newest it reads.
@@ -379,7 +380,17 @@ pub struct BrokerState {
     /// snapshots: status only (`group status`), unknown for commits before this node's start.
     #[serde(skip)]
     pub offset_times: BTreeMap<(String, String, u32), u64>,
+    /// Scheduled messages waiting for their time. Not in snapshots (see [`crate::timer`]).
+    #[serde(skip)]
+    pub timer: Timer,
 }
+
+/// The offset a producer window or the id record holds for a message that waits in the timer (it
+/// has no offset until delivered).
+pub const SCHEDULED: u64 = u64::MAX;
+
+/// `raftmq.v1.TopicMessageType.DELAY`.
+pub const TYPE_DELAY: u32 = 2;
 
 /// Version 1 of the snapshot: [`BrokerState`]'s first fields, as earlier builds wrote them.
 #[derive(Deserialize)]
@@ -408,6 +419,7 @@ impl From<BrokerStateV1> for BrokerState {
             sent_ids: SentIds::default(),
             stamped_ms: 0,
             offset_times: BTreeMap::new(),
+            timer: Timer::default(),
         }
     }
 }
@@ -445,6 +457,7 @@ impl BrokerState {
                 self.offset_times.retain(|(_, t, _), _| *t != name);
                 self.topic_types.remove(&name);
                 self.pop.drop_topic(&name);
+                self.timer.drop_topic(&name);
                 self.topic_version += 1;
                 Reply::Ok
             }
@@ -519,6 +532,11 @@ impl BrokerState {
                 reply
             }
             CommandView::Trim { upto_log_index } => {
+                // Never past an entry with a scheduled message still waiting: its body is there.
+                let upto_log_index = self
+                    .timer
+                    .oldest_entry()
+                    .map_or(upto_log_index, |o| upto_log_index.min(o - 1));
                 if upto_log_index <= self.trimmed_index {
                     return Reply::Ok;
                 }
@@ -655,6 +673,93 @@ impl BrokerState {
                 let bounds = (q.min_offset, q.next_offset);
                 self.pop.reset(&group, &topic, queue, offset, bounds)
             }
+            CommandView::Schedule {
+                topic,
+                queue,
+                producer_id,
+                sequence,
+                timestamp_ms,
+                id_property,
+                deliver_at_ms,
+                replaces,
+                messages,
+            } => {
+                self.stamp(timestamp_ms);
+                if let Some(r) = self.producer_duplicate(producer_id, sequence) {
+                    return r;
+                }
+                self.schedule(
+                    index,
+                    (&topic, queue),
+                    (producer_id, sequence),
+                    &id_property,
+                    (&deliver_at_ms, &replaces),
+                    &messages,
+                )
+            }
+            CommandView::Deliver {
+                topic,
+                queue,
+                now_ms,
+                due,
+                messages,
+            } => {
+                self.stamp(now_ms);
+                if due.is_empty() || due.len() != messages.len() {
+                    return Reply::Invalid(format!(
+                        "a delivery names {} messages and carries {}",
+                        due.len(),
+                        messages.len()
+                    ));
+                }
+                if let Some(&(at, li, p)) = due.iter().find(|&&(at, li, p)| {
+                    at > now_ms || !self.timer.holds(at, (li, p), &topic, queue)
+                }) {
+                    return Reply::NotScheduled(format!(
+                        "message {li}/{p} does not wait for {topic} queue {queue} at {at} \
+                         (delivered, recalled, or not due at {now_ms})"
+                    ));
+                }
+                let Some(q) = self
+                    .topics
+                    .get_mut(&topic)
+                    .and_then(|t| t.queues.get_mut(queue as usize))
+                else {
+                    return Reply::TopicNotFound(topic);
+                };
+                for &(at, li, p) in &due {
+                    self.timer.remove(at, (li, p));
+                }
+                let count = messages.len() as u32;
+                let first = q.append(index, now_ms, P_MSGID, &messages);
+                self.messages_total += count as u64;
+                Reply::Sent {
+                    queue,
+                    first_offset: first,
+                    count,
+                    log_index: index,
+                    duplicate: false,
+                }
+            }
+            CommandView::Recall {
+                topic,
+                queue,
+                deliver_at_ms,
+                log_index,
+                position,
+            } => {
+                if self
+                    .timer
+                    .holds(deliver_at_ms, (log_index, position), &topic, queue)
+                {
+                    self.timer.remove(deliver_at_ms, (log_index, position));
+                    Reply::Ok
+                } else {
+                    Reply::NotScheduled(format!(
+                        "message {log_index}/{position} does not wait for {topic} queue {queue}"
+                    ))
+                }
+            }
             CommandView::DeadLetter {
                 group,
                 topic,
@@ -765,6 +870,14 @@ impl BrokerState {
         let w = self.producers.get(&producer_id)?;
         let &(_, queue, first_offset, count, log_index) =
             w.recent.iter().find(|r| r.0 == sequence)?;
+        if first_offset == SCHEDULED {
+            return Some(Reply::Scheduled {
+                queue,
+                count,
+                log_index,
+                duplicate: true,
+            });
+        }
         Some(Reply::Sent {
             queue,
             first_offset,
@@ -804,6 +917,96 @@ impl BrokerState {
         Reply::Sent {
             queue,
             first_offset: first,
+            count,
+            log_index: index,
+            duplicate: false,
+        }
+    }
+
+    /// Applies a `Schedule` (see [`crate::command::CommandOf::Schedule`]).
+    fn schedule(
+        &mut self,
+        index: u64,
+        (topic, queue): (&str, u32),
+        (producer_id, sequence): (u64, u64),
+        id_property: &str,
+        (times, replaces): (&[u64], &[(u64, u32)]),
+        messages: &[BodyView],
+    ) -> Reply {
+        let Some(t) = self.topics.get(topic) else {
+            return Reply::TopicNotFound(topic.to_string());
+        };
+        if queue as usize >= t.queues.len() {
+            return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
+        }
+        let ty = self.topic_type(topic);
+        if ty != TYPE_DELAY {
+            return Reply::Invalid(format!(
+                "topic {topic} is of type {}: only a DELAY topic takes delivery times",
+                type_name(ty)
+            ));
+        }
+        if times.len() != messages.len()
+            || (!replaces.is_empty() && replaces.len() != messages.len())
+            || messages.len() > crate::timer::POSITIONS
+        {
+            return Reply::Invalid(format!(
+                "a schedule of {} messages with {} delivery times and {} replaced",
+                messages.len(),
+                times.len(),
+                replaces.len()
+            ));
+        }
+        let mut keys: Vec<Option<u128>> = Vec::new();
+        if replaces.is_empty() {
+            if !id_property.is_empty() {
+                keys = messages
+                    .iter()
+                    .map(|m| {
+                        m.properties
+                            .iter()
+                            .find(|(k, v)| *k == id_property && !v.is_empty())
+                            .map(|(_, id)| SentIds::key(topic, id))
+                    })
+                    .collect();
+                let found: Vec<Option<(u32, u64)>> = keys
+                    .iter()
+                    .map(|k| k.and_then(|k| self.sent_ids.get(k)))
+                    .collect();
+                if found.iter().any(Option::is_some) {
+                    return Reply::SentBefore(found);
+                }
+            }
+        } else {
+            if let Some((&(li, p), at)) = replaces
+                .iter()
+                .zip(times)
+                .find(|&(&(li, p), &at)| !self.timer.holds(at, (li, p), topic, queue))
+            {
+                return Reply::NotScheduled(format!(
+                    "message {li}/{p} does not wait for {topic} queue {queue} at {at}"
+                ));
+            }
+            for (&(li, p), &at) in replaces.iter().zip(times) {
+                self.timer.remove(at, (li, p));
+            }
+        }
+        for (i, &at) in times.iter().enumerate() {
+            self.timer.add(at, (index, i as u32), topic, queue);
+        }
+        for k in keys.into_iter().flatten() {
+            self.sent_ids.insert(k, queue, SCHEDULED);
+        }
+        let count = messages.len() as u32;
+        if producer_id != 0 {
+            self.remember(
+                producer_id,
+                index,
+                (sequence, queue, SCHEDULED, count, index),
+            );
+        }
+        Reply::Scheduled {
+            queue,
             count,
             log_index: index,
             duplicate: false,
@@ -1374,5 +1577,281 @@ mod retention_tests {
         // An older trim point changes nothing.
         st.apply(7, 1, &Command::Trim { upto_log_index: 2 }.encode());
         assert_eq!(st.queue("t", 0).unwrap().min_offset, 4);
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+    use crate::command::{Command, StoredBody};
+    use raftmq_raft_log::StateMachine;
+
+    fn apply(st: &mut BrokerState, index: u64, cmd: Command) -> Reply {
+        Reply::decode(&st.apply(index, 1, &cmd.encode())).unwrap()
+    }
+
+    fn msg(id: &str) -> StoredBody {
+        StoredBody {
+            key: String::new(),
+            tag: String::new(),
+            body: id.as_bytes().to_vec().into(),
+            properties: vec![(P_MSGID.into(), id.into())],
+        }
+    }
+
+    fn topic(st: &mut BrokerState, index: u64, name: &str, message_type: u32) {
+        let r = apply(
+            st,
+            index,
+            Command::ConfigureTopic {
+                name: name.into(),
+                queues: 2,
+                update: false,
+                message_type,
+            },
+        );
+        assert_eq!(r, Reply::Ok);
+    }
+
+    fn schedule(index: u64, producer: (u64, u64), times: &[u64], ids: &[&str]) -> Command {
+        Command::Schedule {
+            topic: "d".into(),
+            queue: 1,
+            producer_id: producer.0,
+            sequence: producer.1,
+            timestamp_ms: 1_000 + index,
+            id_property: P_MSGID.into(),
+            deliver_at_ms: times.to_vec(),
+            replaces: vec![],
+            messages: ids.iter().map(|i| msg(i)).collect(),
+        }
+    }
+
+    fn deliver(now_ms: u64, due: &[(u64, u64, u32)], ids: &[&str]) -> Command {
+        Command::Deliver {
+            topic: "d".into(),
+            queue: 1,
+            now_ms,
+            due: due.to_vec(),
+            messages: ids.iter().map(|i| msg(i)).collect(),
+        }
+    }
+
+    /// 1. A schedule waits in the timer (no offset, nothing readable); a delivery before its time,
+    ///    or of a message that no longer waits, stores nothing; one at its time stores it once.
+    #[test]
+    fn t1_scheduled_messages_are_delivered_once_and_never_early() {
+        let mut st = BrokerState::default();
+        topic(&mut st, 1, "d", TYPE_DELAY);
+        let r = apply(
+            &mut st,
+            2,
+            schedule(2, (7, 1), &[5_000, 9_000], &["a", "b"]),
+        );
+        assert_eq!(
+            r,
+            Reply::Scheduled {
+                queue: 1,
+                count: 2,
+                log_index: 2,
+                duplicate: false
+            }
+        );
+        assert_eq!(
+            st.queue("d", 1).unwrap().next_offset,
+            0,
+            "nothing readable yet"
+        );
+        assert_eq!(st.timer.len(), 2);
+        assert_eq!(st.timer.topic("d"), (2, Some(5_000)));
+        // The producer window and the id record answer a retry without storing it again.
+        let again = apply(
+            &mut st,
+            3,
+            schedule(3, (7, 1), &[5_000, 9_000], &["a", "b"]),
+        );
+        assert!(matches!(
+            again,
+            Reply::Scheduled {
+                duplicate: true,
+                log_index: 2,
+                ..
+            }
+        ));
+        let copy = apply(&mut st, 4, schedule(4, (8, 1), &[5_000], &["a"]));
+        assert_eq!(copy, Reply::SentBefore(vec![Some((1, SCHEDULED))]));
+        assert_eq!(st.timer.len(), 2);
+        // Early: refused, nothing stored.
+        let early = apply(&mut st, 5, deliver(4_999, &[(5_000, 2, 0)], &["a"]));
+        assert!(matches!(early, Reply::NotScheduled(_)), "{early:?}");
+        assert_eq!(st.queue("d", 1).unwrap().next_offset, 0);
+        // On time.
+        let r = apply(&mut st, 6, deliver(5_001, &[(5_000, 2, 0)], &["a"]));
+        assert!(
+            matches!(
+                r,
+                Reply::Sent {
+                    queue: 1,
+                    first_offset: 0,
+                    count: 1,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        let q = st.queue("d", 1).unwrap();
+        assert_eq!(q.next_offset, 1);
+        assert_eq!(q.runs[0].store_ms, 5_001, "stored at the delivery's clock");
+        // A repeat of the same delivery (a new leader proposing it again) stores nothing.
+        let r = apply(&mut st, 7, deliver(5_002, &[(5_000, 2, 0)], &["a"]));
+        assert!(matches!(r, Reply::NotScheduled(_)));
+        // All or nothing: one stale message in a delivery keeps the other waiting.
+        let r = apply(
+            &mut st,
+            8,
+            deliver(9_500, &[(9_000, 2, 1), (5_000, 2, 0)], &["b", "a"]),
+        );
+        assert!(matches!(r, Reply::NotScheduled(_)));
+        assert_eq!(st.timer.len(), 1);
+        assert_eq!(st.queue("d", 1).unwrap().next_offset, 1);
+        // A delivery to another queue than the one scheduled stores nothing.
+        let mut other = deliver(9_500, &[(9_000, 2, 1)], &["b"]);
+        if let Command::Deliver { queue, .. } = &mut other {
+            *queue = 0;
+        }
+        assert!(matches!(apply(&mut st, 9, other), Reply::NotScheduled(_)));
+        assert_eq!(st.messages_total, 1);
+    }
+
+    /// 2. Recall drops a waiting message once; a recalled message is never delivered.
+    #[test]
+    fn t2_recall_cancels_a_waiting_message() {
+        let mut st = BrokerState::default();
+        topic(&mut st, 1, "d", TYPE_DELAY);
+        apply(&mut st, 2, schedule(2, (0, 0), &[5_000], &["a"]));
+        let recall = || Command::Recall {
+            topic: "d".into(),
+            queue: 1,
+            deliver_at_ms: 5_000,
+            log_index: 2,
+            position: 0,
+        };
+        assert_eq!(apply(&mut st, 3, recall()), Reply::Ok);
+        assert!(matches!(
+            apply(&mut st, 4, recall()),
+            Reply::NotScheduled(_)
+        ));
+        let r = apply(&mut st, 5, deliver(6_000, &[(5_000, 2, 0)], &["a"]));
+        assert!(matches!(r, Reply::NotScheduled(_)));
+        assert!(st.timer.is_empty());
+        assert_eq!(st.timer.oldest_entry(), None);
+    }
+
+    /// 3. A NORMAL topic refuses a schedule; retention never trims an entry whose message waits;
+    ///    deleting the topic drops its waiting messages.
+    #[test]
+    fn t3_type_retention_and_delete() {
+        let mut st = BrokerState::default();
+        topic(&mut st, 1, "n", 0);
+        let mut cmd = schedule(2, (0, 0), &[5_000], &["a"]);
+        if let Command::Schedule { topic, .. } = &mut cmd {
+            *topic = "n".into();
+        }
+        let r = apply(&mut st, 2, cmd);
+        assert!(
+            matches!(&r, Reply::Invalid(m) if m.contains("only a DELAY topic")),
+            "{r:?}"
+        );
+        topic(&mut st, 3, "d", TYPE_DELAY);
+        apply(&mut st, 4, schedule(4, (0, 0), &[5_000], &["a"]));
+        apply(&mut st, 5, schedule(5, (0, 0), &[9_000], &["b"]));
+        assert_eq!(
+            apply(&mut st, 6, Command::Trim { upto_log_index: 5 }),
+            Reply::Ok
+        );
+        assert_eq!(st.trimmed_index, 3, "held below entry 4");
+        apply(&mut st, 7, deliver(6_000, &[(5_000, 4, 0)], &["a"]));
+        apply(&mut st, 8, Command::Trim { upto_log_index: 7 });
+        assert_eq!(st.trimmed_index, 4, "entry 5 still waits");
+        assert_eq!(
+            apply(&mut st, 9, Command::DeleteTopic { name: "d".into() }),
+            Reply::Ok
+        );
+        assert!(st.timer.is_empty());
+        apply(&mut st, 10, Command::Trim { upto_log_index: 9 });
+        assert_eq!(st.trimmed_index, 9);
+    }
+
+    /// 4. A roll moves a waiting message to a new entry with its time; a roll of a message that
+    ///    no longer waits stores nothing.
+    #[test]
+    fn t4_a_roll_moves_a_waiting_message() {
+        let mut st = BrokerState::default();
+        topic(&mut st, 1, "d", TYPE_DELAY);
+        apply(&mut st, 2, schedule(2, (0, 0), &[50_000], &["a"]));
+        let mut roll = schedule(3, (0, 0), &[50_000], &["a"]);
+        if let Command::Schedule { replaces, .. } = &mut roll {
+            *replaces = vec![(2, 0)];
+        }
+        let r = apply(&mut st, 3, roll.clone());
+        assert!(matches!(r, Reply::Scheduled { log_index: 3, .. }), "{r:?}");
+        assert_eq!(st.timer.oldest_entry(), Some(3));
+        assert_eq!(st.timer.len(), 1);
+        assert!(matches!(apply(&mut st, 4, roll), Reply::NotScheduled(_)));
+        let r = apply(&mut st, 5, deliver(50_000, &[(50_000, 3, 0)], &["a"]));
+        assert!(matches!(r, Reply::Sent { count: 1, .. }));
+    }
+
+    /// 5. Two replicas applying the same entries agree (their own clocks play no part). One
+    ///    restored from a snapshot taken at the retention point, then fed the retained entries
+    ///    after it (as a restart or a snapshot install does), rebuilds the same timer.
+    #[test]
+    fn t5_replicas_agree_and_a_restored_one_rebuilds_the_timer() {
+        let mut log: Vec<Command> = vec![Command::ConfigureTopic {
+            name: "d".into(),
+            queues: 2,
+            update: false,
+            message_type: TYPE_DELAY,
+        }];
+        for i in 0..20u64 {
+            let id = format!("x{i}");
+            log.push(schedule(i + 2, (0, 0), &[1_000 * (i % 5)], &[&id]));
+        }
+        // Entry 22: held at 1 (entry 2 waits). 23 delivers entries 2..4; 24 trims up to 4.
+        log.push(Command::Trim { upto_log_index: 15 });
+        log.push(deliver(
+            2_500,
+            &[(0, 2, 0), (1_000, 3, 0), (2_000, 4, 0)],
+            &["x0", "x1", "x2"],
+        ));
+        log.push(Command::Trim { upto_log_index: 15 });
+        let encoded: Vec<Vec<u8>> = log.iter().map(Command::encode).collect();
+        let mut a = BrokerState::default();
+        let mut b = BrokerState::default();
+        for (i, c) in encoded.iter().enumerate() {
+            let i = i as u64 + 1;
+            assert_eq!(a.apply(i, 1, c), b.apply(i, 1, c), "entry {i}");
+        }
+        assert_eq!(a.trimmed_index, 4);
+        assert_eq!(a.timer.len(), 17);
+        // The snapshot at the retention point: entries 1..=4 applied.
+        let mut early = BrokerState::default();
+        for (i, c) in encoded.iter().enumerate().take(4) {
+            early.apply(i as u64 + 1, 1, c);
+        }
+        let mut restored = BrokerState::default();
+        restored.restore(&early.snapshot()).unwrap();
+        for (i, c) in encoded.iter().enumerate().skip(4) {
+            restored.apply(i as u64 + 1, 1, c);
+        }
+        for st in [&b, &restored] {
+            assert_eq!(st.timer.len(), a.timer.len());
+            assert_eq!(st.timer.topic("d"), a.timer.topic("d"));
+            assert_eq!(st.timer.oldest_entry(), Some(5));
+            assert_eq!(
+                st.timer.due(3_000, 100, |_| false),
+                a.timer.due(3_000, 100, |_| false)
+            );
+        }
     }
 }

@@ -140,6 +140,13 @@ pub enum MsgCmd {
         #[arg(long, default_value_t = 32)]
         limit: u32,
     },
+    /// Cancel a scheduled message (DELAY topic) not yet delivered, by the id its send returned.
+    Recall {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +289,18 @@ pub struct ProduceArgs {
     /// How long one message may retry (leader changes included) before the command fails.
     #[arg(long, default_value_t = 30_000)]
     pub timeout_ms: u64,
+    /// Schedule the messages (a DELAY topic): readable from this time on (RFC 3339 or ms since
+    /// the epoch).
+    #[arg(long, conflicts_with = "delay")]
+    pub deliver_at: Option<String>,
+    /// Schedule the messages (a DELAY topic): readable this long after each is sent, e.g. 30s,
+    /// 500ms, 5m, 2h, 1d.
+    #[arg(long)]
+    pub delay: Option<String>,
+    /// With --delay: spread the delivery times evenly over this much more, message i of N at
+    /// delay + spread × i / N (e.g. --delay 5s --delay-spread 30s).
+    #[arg(long, requires = "delay")]
+    pub delay_spread: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -191,6 +191,10 @@ pub struct ProducedJson {
     pub queue: u32,
     pub offset: u64,
     pub msg_id: String,
+    /// A scheduled message (DELAY topic): when it becomes readable, ms since the epoch (its
+    /// offset is 0 until then). Absent for a message readable now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliver_at_ms: Option<u64>,
 }
 
 impl From<&SendReceipt> for ProducedJson {
@@ -201,6 +205,7 @@ impl From<&SendReceipt> for ProducedJson {
             queue: r.queue,
             offset: r.offset,
             msg_id: r.msg_id.clone(),
+            deliver_at_ms: (r.deliver_at_ms > 0).then_some(r.deliver_at_ms),
         }
     }
 }
@@ -221,6 +226,11 @@ pub struct ConsumedJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub body_base64: Option<String>,
     pub served_by: Option<u64>,
+    /// Store time (the leader's stamp; for a scheduled message, when it was delivered), ms.
+    pub store_ms: u64,
+    /// A scheduled message's delivery time, ms since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliver_at_ms: Option<u64>,
 }
 
 impl From<&ReceivedMessage> for ConsumedJson {
@@ -243,6 +253,11 @@ impl From<&ReceivedMessage> for ConsumedJson {
             body,
             body_base64,
             served_by: m.served_by.as_ref().map(|n| n.node_id),
+            store_ms: m.store_timestamp_ms,
+            deliver_at_ms: m
+                .properties
+                .get(raftmq_proto::DELIVER_AT_PROPERTY)
+                .and_then(|v| v.parse().ok()),
         }
     }
 }
@@ -608,6 +623,7 @@ mod tests {
             offset: 7,
             msg_id: "m".into(),
             duplicate: false,
+            deliver_at_ms: 0,
         };
         let v: Value = serde_json::from_str(&json_line(&ProducedJson::from(&r))).expect("json");
         assert_eq!(
@@ -642,6 +658,7 @@ mod tests {
                 "offset",
                 "queue",
                 "served_by",
+                "store_ms",
                 "tag",
                 "topic"
             ]

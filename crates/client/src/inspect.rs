@@ -29,6 +29,11 @@ impl Reply for v1::ResetOffsetResponse {
         self.error.as_ref()
     }
 }
+impl Reply for v1::RecallResponse {
+    fn error(&self) -> Option<&v1::Error> {
+        self.error.as_ref()
+    }
+}
 impl Reply for v1::FindMessagesResponse {
     fn error(&self) -> Option<&v1::Error> {
         self.error.as_ref()
@@ -315,5 +320,36 @@ impl Admin {
             }
         }
         Ok(done)
+    }
+
+    /// Cancels a scheduled message (DELAY topic) not yet delivered, by the id its send returned
+    /// (`BROKER-INDEX-POSITION`; the broker group is its prefix). Returns the group and the
+    /// delivery time it had.
+    pub async fn recall(&self, topic: &str, msg_id: &str) -> Result<(String, u64)> {
+        crate::admin::check_name("topic", topic)?;
+        let mut parts = msg_id.rsplitn(3, '-');
+        let (Some(_position), Some(_index), Some(broker)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(Error::InvalidArgument(format!(
+                "{msg_id:?} is not a raftmq message id (BROKER-INDEX-POSITION, as a send returns it)"
+            )));
+        };
+        let req = v1::RecallRequest {
+            topic: topic.to_string(),
+            msg_id: msg_id.to_string(),
+        };
+        let (reply, _) = self
+            .router
+            .call_leader(
+                broker,
+                "Recall",
+                self.deadline(),
+                each_attempt(&req, |ch, r| async move {
+                    BrokerServiceClient::new(ch).recall(r).await
+                }),
+            )
+            .await?;
+        Ok((broker.to_string(), reply.deliver_at_ms))
     }
 }

@@ -86,6 +86,12 @@ impl Message {
         self
     }
 
+    /// Schedules the message (a DELAY topic): stored now, readable from `ms` since the epoch on.
+    /// A time in the past is delivered at once.
+    pub fn deliver_at_ms(self, ms: u64) -> Self {
+        self.with_property(raftmq_proto::DELIVER_AT_PROPERTY, ms.to_string())
+    }
+
     fn wire_bytes(&self) -> usize {
         self.key.len()
             + self.tag.len()
@@ -109,6 +115,9 @@ pub struct SendReceipt {
     pub msg_id: String,
     /// The broker had stored this batch before (the reply to an idempotent retry).
     pub duplicate: bool,
+    /// A scheduled message: when it becomes readable (ms since the epoch; its `offset` is 0
+    /// until then). 0 for a message readable now.
+    pub deliver_at_ms: u64,
 }
 
 /// Producer settings; see [`ProducerBuilder`] for what each one does.
@@ -719,6 +728,7 @@ impl SendJob {
                         offset: r.offset,
                         msg_id: r.msg_id,
                         duplicate: resp.duplicate,
+                        deliver_at_ms: r.deliver_at_ms,
                     }));
                 }
             }

@@ -15,6 +15,11 @@ pub mod v1 {
     tonic::include_proto!("raftmq.v1");
 }
 
+/// The message property holding a scheduled message's delivery time, in ms since the epoch
+/// (decimal). Only a topic of type DELAY takes it; the message is stored at once and readable from
+/// that time on.
+pub const DELIVER_AT_PROPERTY: &str = "__rmq.deliver_at";
+
 /// Encoded `FileDescriptorSet` of every raftmq proto file, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raftmq_descriptor");
 

@@ -120,6 +120,8 @@ pub fn code_of_v1(code: i32) -> Code {
         ErrorCode::TopicExists | ErrorCode::GroupExists => Code::BadRequest,
         ErrorCode::GroupNotFound => Code::ConsumerGroupNotFound,
         ErrorCode::InvalidReceiptHandle => Code::InvalidReceiptHandle,
+        ErrorCode::IllegalDeliveryTime => Code::IllegalDeliveryTime,
+        ErrorCode::NotScheduled => Code::BadRequest,
     }
 }
 
@@ -160,6 +162,8 @@ mod tests {
             (ErrorCode::GroupNotFound, Code::ConsumerGroupNotFound),
             (ErrorCode::InvalidReceiptHandle, Code::InvalidReceiptHandle),
             (ErrorCode::GroupExists, Code::BadRequest),
+            (ErrorCode::IllegalDeliveryTime, Code::IllegalDeliveryTime),
+            (ErrorCode::NotScheduled, Code::BadRequest),
         ];
         for (v1, v2) in table {
             assert_eq!(code_of_v1(v1 as i32), v2, "{}", v1.as_str_name());

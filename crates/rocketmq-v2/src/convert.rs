@@ -14,6 +14,7 @@
 //! | `__rmq.type` | the v2 message type number |
 //! | `__rmq.keys` | the keys joined by `\u{1}`, only when a key contains a space |
 //! | `__rmq.mgroup` | the message group (FIFO), when set |
+//! | `__rmq.deliver_at` | the delivery time of a DELAY message, ms since the epoch (`raftmq_proto::DELIVER_AT_PROPERTY`: the broker schedules it) |
 //!
 //! Delivery ([`to_v2`]) reverses it; whatever is missing (messages sent through v1) takes the
 //! store's values: the v1 message id, the store time and host.
@@ -94,6 +95,12 @@ pub fn to_v1(m: &pb::Message, body_bytes_max: u64) -> Result<v1::Message, Error>
     if let Some(g) = &sys.message_group {
         properties.insert(P_MGROUP.into(), g.clone());
     }
+    if let Some(ts) = &sys.delivery_timestamp {
+        properties.insert(
+            raftmq_proto::DELIVER_AT_PROPERTY.into(),
+            timestamp_ms(ts).to_string(),
+        );
+    }
     Ok(v1::Message {
         key: sys.keys.join(" "),
         tag: sys.tag.clone().unwrap_or_default(),
@@ -169,6 +176,9 @@ pub fn to_v2(
         delivery_attempt: Some(delivery.map_or(1, |d| d.attempt.max(1)) as i32),
         invisible_duration: delivery.map(|d| duration(d.invisible)),
         message_group: prop(P_MGROUP).map(str::to_string),
+        delivery_timestamp: prop(raftmq_proto::DELIVER_AT_PROPERTY)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(ms_timestamp),
         ..Default::default()
     };
     pb::Message {

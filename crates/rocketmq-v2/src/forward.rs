@@ -338,8 +338,8 @@ mod tests {
         HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse,
         ListGroupsRequest, ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef,
         NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
-        PopResponse, PullRequest, PullResponse, ResetOffsetRequest, ResetOffsetResponse,
-        SendRequest, SendResponse, SendResult,
+        PopResponse, PullRequest, PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest,
+        ResetOffsetResponse, SendRequest, SendResponse, SendResult,
     };
 
     use super::*;
@@ -371,6 +371,7 @@ mod tests {
                     queue: req.queue,
                     offset: 7,
                     msg_id: "m".into(),
+                    deliver_at_ms: 0,
                 }],
                 ..Default::default()
             }
@@ -418,6 +419,7 @@ mod tests {
         change_invisible(ChangeInvisibleRequest) -> ChangeInvisibleResponse;
         dead_letter(DeadLetterRequest) -> DeadLetterResponse;
         reset_offset(ResetOffsetRequest) -> ResetOffsetResponse;
+        recall(RecallRequest) -> RecallResponse;
     }
 
     fn forwarder(not_leader: u32, leader: Option<&str>) -> Forwarder<Fake> {

@@ -176,6 +176,50 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "0d026731066f726465727302ac02",
         ),
+        (
+            Command::Schedule {
+                topic: "orders".into(),
+                queue: 1,
+                producer_id: 9,
+                sequence: 10,
+                timestamp_ms: 1_700_000_000_000,
+                id_property: "id".into(),
+                deliver_at_ms: vec![1_700_000_030_000],
+                replaces: vec![(77, 2)],
+                messages: vec![StoredBody {
+                    key: String::new(),
+                    tag: "t".into(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![("id".into(), "M1".into())],
+                }],
+            },
+            "0e066f726465727301090a80d095ffbc3102696401b0ba97ffbc31014d0201000174017801026964024d31",
+        ),
+        (
+            Command::Deliver {
+                topic: "orders".into(),
+                queue: 1,
+                now_ms: 1_700_000_030_005,
+                due: vec![(1_700_000_030_000, 88, 0)],
+                messages: vec![StoredBody {
+                    key: String::new(),
+                    tag: "t".into(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![],
+                }],
+            },
+            "0f066f726465727301b5ba97ffbc3101b0ba97ffbc31580001000174017800",
+        ),
+        (
+            Command::Recall {
+                topic: "orders".into(),
+                queue: 1,
+                deliver_at_ms: 1_700_000_030_000,
+                log_index: 88,
+                position: 0,
+            },
+            "10066f726465727301b0ba97ffbc315800",
+        ),
     ]
 }
 
@@ -222,6 +266,16 @@ fn replies() -> Vec<(Reply, &'static str)> {
             Reply::SentBefore(vec![Some((3, 1000)), None]),
             "0b020103e80700",
         ),
+        (
+            Reply::Scheduled {
+                queue: 1,
+                count: 2,
+                log_index: 88,
+                duplicate: false,
+            },
+            "0c01025800",
+        ),
+        (Reply::NotScheduled("gone".into()), "0d04676f6e65"),
     ]
 }
 
@@ -468,8 +522,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 14, which this broker-node does not know (command \
-         format version 1 has tags 0..14): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 17, which this broker-node does not know (command \
+         format version 1 has tags 0..17): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.

@@ -13,7 +13,8 @@ use raftmq_proto::v1::{
     HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
     ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef, NodeStatusRequest,
     NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest, PopResponse, PullRequest,
-    PullResponse, ResetOffsetRequest, ResetOffsetResponse, SendRequest, SendResponse, TopicConfig,
+    PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest, ResetOffsetResponse,
+    SendRequest, SendResponse, TopicConfig,
 };
 use tonic::{Request, Response, Status};
 
@@ -382,6 +383,27 @@ impl BrokerService for Broker {
             Err(e) => ResetOffsetResponse {
                 error: Some(e.into()),
                 pop: false,
+            },
+        }))
+    }
+
+    async fn recall(
+        &self,
+        req: Request<RecallRequest>,
+    ) -> Result<Response<RecallResponse>, Status> {
+        let req = req.into_inner();
+        let outcome = async {
+            check_name("topic", &req.topic).map_err(Error::invalid)?;
+            self.recall_scheduled(&req.topic, &req.msg_id).await
+        };
+        Ok(Response::new(match outcome.await {
+            Ok(deliver_at_ms) => RecallResponse {
+                error: None,
+                deliver_at_ms,
+            },
+            Err(e) => RecallResponse {
+                error: Some(e.into()),
+                deliver_at_ms: 0,
             },
         }))
     }

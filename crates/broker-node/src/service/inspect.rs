@@ -90,6 +90,8 @@ impl Broker {
                 .collect(),
             message_type: st.topic_type(topic) as i32,
             now_ms: wall_ms(),
+            scheduled: st.timer.topic(topic).0,
+            next_delivery_ms: st.timer.topic(topic).1,
         })
     }
 

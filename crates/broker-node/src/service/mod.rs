@@ -18,6 +18,7 @@ mod broker;
 pub mod inspect;
 mod pop;
 mod reads;
+pub mod schedule;
 pub mod send;
 mod status;
 
@@ -32,6 +33,7 @@ use crate::error::{Error, Internal, Refused, Result, Unavailable};
 use crate::node::Node;
 
 pub use pop::{spawn_dead_letter_mover, wall_ms};
+pub use schedule::spawn_deliverer;
 pub use send::validate_send;
 
 /// Serves both the broker and the admin service of one node.

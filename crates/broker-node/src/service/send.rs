@@ -99,6 +99,31 @@ impl Broker {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
+        // A DELAY topic's batch waits in the timer (`Schedule`); a delivery time on any other
+        // topic is refused.
+        let topic_type = self.node.state_value(|s| s.topic_type(&req.topic));
+        let times = super::schedule::delivery_times(
+            &req,
+            topic_type,
+            timestamp_ms,
+            self.node.cfg.limits.delivery_horizon_ms,
+        )?;
+        if let Some(times) = times {
+            let mut awaiting = Awaiting {
+                led_term,
+                leadership,
+                cut_off,
+            };
+            let id_property = req.dedup_property.clone();
+            let r = self
+                .schedule_batch(req, times, timestamp_ms, id_property, &mut awaiting)
+                .await?;
+            if !r.duplicate {
+                self.node.produced.add(count);
+            }
+            metrics::observe_send(t0.elapsed(), count);
+            return Ok(r);
+        }
         let messages: Vec<StoredBody> = req
             .messages
             .into_iter()
@@ -142,6 +167,7 @@ impl Broker {
                         queue,
                         offset: first_offset + i as u64,
                         msg_id: msg_id(broker, log_index, i),
+                        deliver_at_ms: 0,
                     })
                     .collect(),
                 duplicate,
@@ -178,6 +204,7 @@ impl Broker {
                                 queue,
                                 offset,
                                 msg_id: String::new(),
+                                deliver_at_ms: 0,
                             });
                         }
                     }
@@ -203,6 +230,7 @@ impl Broker {
                                 queue,
                                 offset: first + k as u64,
                                 msg_id: msg_id(broker, li, k as u32),
+                                deliver_at_ms: 0,
                             }
                         } else {
                             SendResult::default()
@@ -226,7 +254,7 @@ impl Broker {
     /// either shows (the outcome is then unknown: the producer retries with the same id and
     /// sequence elsewhere, and the producer window stores it once) instead of at the caller's
     /// timeout.
-    async fn propose_send(&self, cmd: Command, a: &mut Awaiting) -> Result<Reply> {
+    pub(super) async fn propose_send(&self, cmd: Command, a: &mut Awaiting) -> Result<Reply> {
         let Awaiting {
             led_term,
             leadership,
@@ -261,7 +289,7 @@ const _: () = assert!(SEND_ONCE_TAG < crate::command::COMMAND_TAGS);
 
 /// What a proposed send watches while it waits: the term this node led when it proposed, and
 /// the watches that tell the send's fate is no longer this node's to tell.
-struct Awaiting {
+pub(super) struct Awaiting {
     led_term: Option<u64>,
     leadership: tokio::sync::watch::Receiver<(Role, u64)>,
     cut_off: tokio::sync::watch::Receiver<bool>,

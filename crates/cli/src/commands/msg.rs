@@ -83,6 +83,22 @@ pub fn parse_time(flag: &str, s: &str) -> Result<u64> {
 pub async fn run(nameserver: &str, json: bool, cmd: MsgCmd) -> Result<()> {
     let admin = Admin::connect(nameserver)?;
     let (topic, found) = match cmd {
+        MsgCmd::Recall { topic, id } => {
+            let (broker, at) = admin.recall(&topic, &id).await?;
+            if json {
+                println!(
+                    "{}",
+                    json_line(&json!({"topic": topic, "broker": broker, "msg_id": id,
+                        "recalled": true, "deliver_at_ms": at}))
+                );
+            } else {
+                println!(
+                    "recalled {id} of topic {topic} on {broker} (it was due at {})",
+                    time_ms(Some(at))
+                );
+            }
+            return Ok(());
+        }
         MsgCmd::Get { topic, id } => {
             let found = lookup(&admin, &topic, By::Id(id.clone()), 1).await?;
             if found.is_empty() {

@@ -25,7 +25,67 @@ pub fn generated_body(i: u64, size: usize) -> Vec<u8> {
     b
 }
 
+/// A duration on the command line: a number and a unit (`ms`, `s`, `m`, `h`, `d`), e.g. `30s`.
+pub fn parse_duration_ms(flag: &str, s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let unit_ms = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => 0,
+    };
+    match n.parse::<u64>() {
+        Ok(n) if unit_ms > 0 => Ok(n.saturating_mul(unit_ms)),
+        _ => bail!(
+            "{flag} {s:?} is not a duration: give a number and a unit, e.g. 30s, 500ms, 5m, 2h, 1d"
+        ),
+    }
+}
+
+/// When message `i` of `n` is to be delivered, from the schedule flags; `None`: at once.
+struct Schedule {
+    at: Option<u64>,
+    delay_ms: Option<u64>,
+    spread_ms: u64,
+}
+
+impl Schedule {
+    fn from_args(args: &ProduceArgs) -> Result<Schedule> {
+        Ok(Schedule {
+            at: match &args.deliver_at {
+                Some(t) => Some(crate::commands::msg::parse_time("--deliver-at", t)?),
+                None => None,
+            },
+            delay_ms: match &args.delay {
+                Some(d) => Some(parse_duration_ms("--delay", d)?),
+                None => None,
+            },
+            spread_ms: match &args.delay_spread {
+                Some(d) => parse_duration_ms("--delay-spread", d)?,
+                None => 0,
+            },
+        })
+    }
+
+    fn deliver_at(&self, i: u64, n: u64) -> Option<u64> {
+        if let Some(at) = self.at {
+            return Some(at);
+        }
+        let delay = self.delay_ms?;
+        let spread = (self.spread_ms as u128 * i as u128 / n.max(1) as u128) as u64;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Some(now + delay + spread)
+    }
+}
+
 pub async fn run(nameserver: &str, json: bool, args: ProduceArgs) -> Result<()> {
+    let schedule = Schedule::from_args(&args)?;
     let producer = Producer::builder(nameserver)
         .send_timeout(Duration::from_millis(args.timeout_ms))
         .build()?;
@@ -69,6 +129,9 @@ pub async fn run(nameserver: &str, json: bool, args: ProduceArgs) -> Result<()> 
                         }
                         if let Some(t) = &args.tag {
                             m = m.with_tag(t.clone());
+                        }
+                        if let Some(at) = schedule.deliver_at(total - 1, args.count.unwrap_or(1)) {
+                            m = m.deliver_at_ms(at);
                         }
                         inflight.push(producer.send(&args.topic, m));
                     }
@@ -126,5 +189,16 @@ mod tests {
         assert_eq!(generated_body(7, 16), b"msg-7-xxxxxxxxxx".to_vec());
         assert_eq!(generated_body(12345, 4), b"msg-".to_vec());
         assert_eq!(generated_body(1, 1024).len(), 1024);
+    }
+
+    #[test]
+    fn durations_parse_with_their_unit() {
+        assert_eq!(parse_duration_ms("--delay", "30s").unwrap(), 30_000);
+        assert_eq!(parse_duration_ms("--delay", "500ms").unwrap(), 500);
+        assert_eq!(parse_duration_ms("--delay", "2h").unwrap(), 7_200_000);
+        assert_eq!(parse_duration_ms("--delay", "1d").unwrap(), 86_400_000);
+        let e = parse_duration_ms("--delay", "30").unwrap_err().to_string();
+        assert!(e.contains("--delay \"30\" is not a duration"), "{e}");
+        assert!(parse_duration_ms("--delay", "s").is_err());
     }
 }

@@ -125,7 +125,8 @@ pub(crate) fn list_json(topics: &[TopicInfo]) -> Value {
 /// time, with totals (DESIGN.md states the fields).
 pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
     let answers = admin.topic_status(topic, None).await?;
-    let (mut messages, mut bytes) = (0, 0);
+    let (mut messages, mut bytes, mut scheduled) = (0, 0, 0);
+    let mut next_delivery: Option<u64> = None;
     let mut brokers = Vec::new();
     for a in &answers {
         let r = &a.reply;
@@ -147,6 +148,10 @@ pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
         let b: u64 = r.queues.iter().map(|q| q.bytes).sum();
         messages += m;
         bytes += b;
+        scheduled += r.scheduled;
+        if let Some(n) = r.next_delivery_ms {
+            next_delivery = Some(next_delivery.map_or(n, |x| x.min(n)));
+        }
         brokers.push(json!({
             "name": a.broker,
             "leader_id": a.leader_id,
@@ -155,6 +160,8 @@ pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
             "queues": queues,
             "messages": m,
             "bytes": b,
+            "scheduled": r.scheduled,
+            "next_delivery_ms": r.next_delivery_ms,
         }));
     }
     let message_type = answers
@@ -167,6 +174,8 @@ pub async fn status_value(admin: &Admin, topic: &str) -> Result<Value> {
         "brokers": brokers,
         "messages": messages,
         "bytes": bytes,
+        "scheduled": scheduled,
+        "next_delivery_ms": next_delivery,
     }))
 }
 
@@ -195,8 +204,15 @@ fn status_table(v: &Value) -> String {
         cell(&v["bytes"]),
         String::new(),
     ]);
+    let scheduled = match v["scheduled"].as_u64() {
+        Some(n) if n > 0 => format!(
+            "; {n} scheduled, the next due {}",
+            time_ms(v["next_delivery_ms"].as_u64())
+        ),
+        _ => String::new(),
+    };
     format!(
-        "topic {} ({})\n{}",
+        "topic {} ({}{scheduled})\n{}",
         v["topic"].as_str().unwrap_or("-"),
         v["type"].as_str().unwrap_or("type unknown"),
         table(

@@ -1,0 +1,421 @@
+//! Scheduled messages (DELAY topics): the send of a batch with delivery times (`Schedule`), the
+//! leader's deliverer that moves due messages into their queues (`Deliver`), and recall (`Recall`).
+//! What waits and what is due lives in [`crate::timer`], built by apply.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use raftmq_proto::v1::{SendRequest, SendResponse, SendResult};
+use raftmq_raft_log::Role;
+
+use super::Broker;
+use crate::command::{Command, CommandView, Reply, StoredBody, msg_id};
+use crate::error::{Error, Internal, Refused, Result};
+use crate::node::Node;
+use crate::timer::Waiting;
+use raftmq_rocketmq_v2::convert::P_MSGID;
+
+/// A message's delivery time, from its [`raftmq_proto::DELIVER_AT_PROPERTY`]: `None` when absent,
+/// an error naming the message when it is not a number of milliseconds.
+pub fn deliver_at(
+    index: usize,
+    properties: &std::collections::HashMap<String, String>,
+) -> Result<Option<u64>, Refused> {
+    let Some(v) = properties.get(raftmq_proto::DELIVER_AT_PROPERTY) else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<u64>()
+        .map(Some)
+        .map_err(|_| Refused::IllegalDeliveryTime {
+            reason: format!(
+                "message {index}: property {} must be a delivery time in ms since the epoch, \
+                 got {v:?}",
+                raftmq_proto::DELIVER_AT_PROPERTY
+            ),
+        })
+}
+
+/// Checks the delivery times of a send to a topic of type `topic_type` at `now_ms`: per message
+/// its time (a message without one is due at once), or the first broken rule. Only a DELAY topic
+/// takes delivery times, at most `horizon_ms` ahead.
+pub fn delivery_times(
+    req: &SendRequest,
+    topic_type: u32,
+    now_ms: u64,
+    horizon_ms: u64,
+) -> Result<Option<Vec<u64>>, Refused> {
+    let mut times = Vec::with_capacity(req.messages.len());
+    let mut any = false;
+    for (i, m) in req.messages.iter().enumerate() {
+        let at = deliver_at(i, &m.properties)?;
+        if let Some(at) = at {
+            any = true;
+            if at > now_ms.saturating_add(horizon_ms) {
+                return Err(Refused::IllegalDeliveryTime {
+                    reason: format!(
+                        "message {i}: delivery time {at} is {} s ahead, beyond the horizon of {} s \
+                         (limits.delivery_horizon_ms)",
+                        (at - now_ms) / 1000,
+                        horizon_ms / 1000
+                    ),
+                });
+            }
+        }
+        times.push(at.unwrap_or(now_ms));
+    }
+    if topic_type != crate::state::TYPE_DELAY {
+        return if any {
+            Err(Refused::IllegalDeliveryTime {
+                reason: format!(
+                    "topic {} is of type {}: only a DELAY topic takes delivery times ({})",
+                    req.topic,
+                    crate::state::type_name(topic_type),
+                    raftmq_proto::DELIVER_AT_PROPERTY
+                ),
+            })
+        } else {
+            Ok(None)
+        };
+    }
+    Ok(Some(times))
+}
+
+/// Most messages one `Deliver` entry carries.
+const DELIVER_BATCH_MAX: usize = 512;
+/// Most bytes of bodies one `Deliver` entry carries.
+const DELIVER_BYTES_MAX: usize = 4 << 20;
+/// Most due messages the deliverer looks at per round.
+const ROUND_MAX: usize = 8192;
+/// How often the leader's deliverer looks for due messages when nothing wakes it.
+const TICK: Duration = Duration::from_millis(100);
+
+impl Broker {
+    /// Stores a batch of a DELAY topic with the delivery times `times` (one per message).
+    pub(super) async fn schedule_batch(
+        &self,
+        req: SendRequest,
+        times: Vec<u64>,
+        timestamp_ms: u64,
+        id_property: String,
+        a: &mut super::send::Awaiting,
+    ) -> Result<SendResponse> {
+        let messages: Vec<StoredBody> = req
+            .messages
+            .into_iter()
+            .map(|m| StoredBody {
+                key: m.key,
+                tag: m.tag,
+                body: m.body,
+                properties: m.properties.into_iter().collect(),
+            })
+            .collect();
+        let cmd = Command::Schedule {
+            topic: req.topic,
+            queue: req.queue,
+            producer_id: req.producer_id,
+            sequence: req.sequence,
+            timestamp_ms,
+            id_property,
+            deliver_at_ms: times.clone(),
+            replaces: Vec::new(),
+            messages,
+        };
+        let broker = &self.node.cfg.broker;
+        match self.propose_send(cmd, a).await? {
+            Reply::Scheduled {
+                queue,
+                count: n,
+                log_index,
+                duplicate,
+            } => Ok(SendResponse {
+                error: None,
+                results: (0..n)
+                    .map(|i| SendResult {
+                        queue,
+                        offset: 0,
+                        msg_id: msg_id(broker, log_index, i),
+                        deliver_at_ms: times.get(i as usize).copied().unwrap_or(0),
+                    })
+                    .collect(),
+                duplicate,
+                log_index,
+            }),
+            Reply::SentBefore(found) => Ok(SendResponse {
+                error: None,
+                results: found
+                    .into_iter()
+                    .zip(&times)
+                    .map(|(f, at)| {
+                        let (queue, offset) = f.unwrap_or((0, 0));
+                        SendResult {
+                            queue,
+                            offset: if offset == crate::state::SCHEDULED {
+                                0
+                            } else {
+                                offset
+                            },
+                            msg_id: String::new(),
+                            deliver_at_ms: *at,
+                        }
+                    })
+                    .collect(),
+                duplicate: true,
+                log_index: 0,
+            }),
+            reply => Err(unexpected(reply)),
+        }
+    }
+
+    /// Cancels a scheduled message not yet delivered, named by its raftmq message id.
+    pub(super) async fn recall_scheduled(&self, topic: &str, id: &str) -> Result<u64> {
+        self.require_leader()?;
+        let broker = &self.node.cfg.broker;
+        let Some((log_index, position)) = super::inspect::parse_msg_id(broker, id) else {
+            return Err(Error::invalid(format!(
+                "{id:?} is not a message id of broker group {broker} \
+                 ({broker}-INDEX-POSITION, as the send returned it)"
+            )));
+        };
+        let not_waiting = || Refused::NotScheduled {
+            id: id.to_string(),
+            topic: topic.to_string(),
+        };
+        let (at, queue) = self
+            .scheduled_at(log_index, position, topic)?
+            .ok_or_else(not_waiting)?;
+        let (_, reply) = self
+            .propose(Command::Recall {
+                topic: topic.to_string(),
+                queue,
+                deliver_at_ms: at,
+                log_index,
+                position,
+            })
+            .await?;
+        match reply {
+            Reply::Ok => Ok(at),
+            Reply::NotScheduled(_) => Err(not_waiting().into()),
+            reply => Err(unexpected(reply)),
+        }
+    }
+
+    /// The delivery time and queue of the message at (`log_index`, `position`) when it is a
+    /// message of `topic` still waiting; read from its `Schedule` entry.
+    fn scheduled_at(
+        &self,
+        log_index: u64,
+        position: u32,
+        topic: &str,
+    ) -> Result<Option<(u64, u32)>> {
+        let entries = self
+            .node
+            .member
+            .read_entries(log_index, log_index + 1)
+            .map_err(|err| Internal::ReadLog {
+                index: log_index,
+                reason: err.to_string(),
+            })?;
+        let Some((_, Some(data))) = entries.into_iter().next() else {
+            return Ok(None);
+        };
+        let Ok(CommandView::Schedule {
+            topic: t,
+            queue,
+            deliver_at_ms,
+            ..
+        }) = CommandView::view(&data)
+        else {
+            return Ok(None);
+        };
+        let Some(&at) = deliver_at_ms.get(position as usize) else {
+            return Ok(None);
+        };
+        let waits = t == topic
+            && self
+                .node
+                .state_value(|s| s.timer.holds(at, (log_index, position), topic, queue));
+        Ok(waits.then_some((at, queue)))
+    }
+
+    /// One round of the leader's deliverer: proposes a `Deliver` for every queue with messages
+    /// due now. Returns how many messages it delivered.
+    pub(super) async fn deliver_due(&self) -> Result<usize> {
+        // Apply compares each time with this entry's clock, never a node's own.
+        let now = super::wall_ms();
+        let due: Vec<Waiting> = self
+            .node
+            .state_value(|s| s.timer.due(now, ROUND_MAX, |_| false));
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let mut per_queue: BTreeMap<(Arc<str>, u32), Vec<Waiting>> = BTreeMap::new();
+        for w in due {
+            per_queue
+                .entry((w.topic.clone(), w.queue))
+                .or_default()
+                .push(w);
+        }
+        let mut batches = Vec::new();
+        for ((topic, queue), waiting) in per_queue {
+            for chunk in waiting.chunks(DELIVER_BATCH_MAX) {
+                batches.push((topic.clone(), queue, chunk.to_vec()));
+            }
+        }
+        let mut delivered = 0;
+        let jobs = batches
+            .into_iter()
+            .map(|(topic, queue, waiting)| async move {
+                self.deliver_batch(&topic, queue, waiting, now).await
+            });
+        for r in futures::future::join_all(jobs).await {
+            delivered += r?;
+        }
+        Ok(delivered)
+    }
+
+    /// Reads the messages of `waiting` out of their `Schedule` entries and proposes one `Deliver`
+    /// per [`DELIVER_BYTES_MAX`] of them.
+    async fn deliver_batch(
+        &self,
+        topic: &str,
+        queue: u32,
+        waiting: Vec<Waiting>,
+        now: u64,
+    ) -> Result<usize> {
+        let mut due = Vec::new();
+        let mut messages = Vec::new();
+        let mut bytes = 0;
+        let mut delivered = 0;
+        let mut cache: Option<(u64, bytes::Bytes)> = None;
+        for w in waiting {
+            let data = match &cache {
+                Some((i, d)) if *i == w.log_index => d.clone(),
+                _ => {
+                    let entries = self
+                        .node
+                        .member
+                        .read_entries(w.log_index, w.log_index + 1)
+                        .map_err(|err| Internal::ReadLog {
+                            index: w.log_index,
+                            reason: err.to_string(),
+                        })?;
+                    let Some((_, Some(d))) = entries.into_iter().next() else {
+                        return Err(Internal::ReadLog {
+                            index: w.log_index,
+                            reason: "a scheduled message's entry is not in the log".into(),
+                        }
+                        .into());
+                    };
+                    cache = Some((w.log_index, d.clone()));
+                    d
+                }
+            };
+            let Ok(CommandView::Schedule { messages: ms, .. }) = CommandView::view(&data) else {
+                return Err(Internal::NotASend { index: w.log_index }.into());
+            };
+            let Some(m) = ms.get(w.position as usize) else {
+                return Err(Internal::NotASend { index: w.log_index }.into());
+            };
+            bytes += m.body.len();
+            let mut properties: Vec<(String, String)> = m
+                .properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            // The id its send returned goes with it (unless a client set its own), so `msg get`
+            // and consumers find it under that id.
+            if !properties.iter().any(|(k, _)| k == P_MSGID) {
+                properties.push((
+                    P_MSGID.to_string(),
+                    msg_id(&self.node.cfg.broker, w.log_index, w.position),
+                ));
+            }
+            messages.push(StoredBody {
+                key: m.key.to_string(),
+                tag: m.tag.to_string(),
+                body: data.slice_ref(m.body),
+                properties,
+            });
+            due.push((w.deliver_at_ms, w.log_index, w.position));
+            if bytes >= DELIVER_BYTES_MAX {
+                delivered += self
+                    .propose_deliver(
+                        topic,
+                        queue,
+                        now,
+                        std::mem::take(&mut due),
+                        std::mem::take(&mut messages),
+                    )
+                    .await?;
+                bytes = 0;
+            }
+        }
+        if !due.is_empty() {
+            delivered += self
+                .propose_deliver(topic, queue, now, due, messages)
+                .await?;
+        }
+        Ok(delivered)
+    }
+
+    async fn propose_deliver(
+        &self,
+        topic: &str,
+        queue: u32,
+        now_ms: u64,
+        due: Vec<(u64, u64, u32)>,
+        messages: Vec<StoredBody>,
+    ) -> Result<usize> {
+        let (_, reply) = self
+            .propose(Command::Deliver {
+                topic: topic.to_string(),
+                queue,
+                now_ms,
+                due,
+                messages,
+            })
+            .await?;
+        match reply {
+            Reply::Sent { count, .. } => Ok(count as usize),
+            // Recalled or delivered in between: the next round proposes what still waits.
+            Reply::NotScheduled(_) => Ok(0),
+            reply => Err(unexpected(reply)),
+        }
+    }
+}
+
+fn unexpected(reply: Reply) -> Error {
+    Error::from_reply(&reply).unwrap_or_else(|| {
+        Internal::UnexpectedReply {
+            reply: format!("{reply:?}"),
+        }
+        .into()
+    })
+}
+
+/// On the leader, delivers scheduled messages when they are due: every [`TICK`].
+pub fn spawn_deliverer(node: Arc<Node>) {
+    tokio::spawn(async move {
+        let broker = Broker { node };
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if broker.node.member.status().role != Role::Leader {
+                continue;
+            }
+            loop {
+                match broker.deliver_due().await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("delivering scheduled messages: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,469 @@
+//! Scheduled messages (DELAY topics) on a real three-node group, sent as a user sends them
+//! (`raftmq produce --delay`, `--deliver-at`), recalled with `raftmq msg recall`, and read back
+//! from every replica:
+//!
+//! - 28.1 bad input is refused with a clear message and stores nothing; a scheduled message is
+//!   invisible until its time, then readable once; a recalled one never arrives.
+//! - 28.2 the fault test: 10,000 messages scheduled over the next ~25 s while the leader is
+//!   SIGKILLed and, later, every node loses power at once (SIGKILL of all, restart). Each
+//!   acknowledged message is delivered exactly once, never before its time, and every replica
+//!   holds the same queues. Lateness is printed as a table (no timed assertion).
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use raftmq_proto::v1::*;
+use raftmq_tests::*;
+use serde_json::Value;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// `raftmq ARGS --json` against the cluster's nameserver: success, JSON lines, stderr.
+fn raftmq(ns: &str, args: &[&str]) -> (bool, Vec<Value>, String) {
+    let out = Command::new(bin("raftmq"))
+        .args(args)
+        .arg("--json")
+        .env("RAFTMQ_NAMESERVER", ns)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run raftmq");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (
+        out.status.success(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn must(ns: &str, args: &[&str]) -> Vec<Value> {
+    let (ok, lines, err) = raftmq(ns, args);
+    assert!(ok, "{args:?} failed: {err}");
+    lines
+}
+
+fn num(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// A delivered message as one replica holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    offset: u64,
+    body: Vec<u8>,
+    store_ms: u64,
+    deliver_at_ms: Option<u64>,
+    /// The id its send returned (kept in `__rmq.msgid` on delivery).
+    sent_id: Option<String>,
+}
+
+/// Every message of a queue on one node, in offset order.
+async fn read_all(addr: &str, topic: &str, queue: u32) -> Result<Vec<Held>, String> {
+    let mut c = connect(addr).await;
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let r = c
+            .pull(PullRequest {
+                topic: topic.into(),
+                queue,
+                offset,
+                max_messages: 1000,
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| s.to_string())?
+            .into_inner();
+        if code(&r.error) != ErrorCode::Ok {
+            return Err(format!("{:?}", r.error));
+        }
+        if r.messages.is_empty() {
+            return Ok(out);
+        }
+        for m in r.messages {
+            if m.offset != offset {
+                return Err(format!("offset {} where {offset} was due", m.offset));
+            }
+            offset += 1;
+            out.push(Held {
+                offset: m.offset,
+                body: m.body.to_vec(),
+                store_ms: m.store_timestamp_ms,
+                deliver_at_ms: m
+                    .properties
+                    .get(raftmq_proto::DELIVER_AT_PROPERTY)
+                    .and_then(|v| v.parse().ok()),
+                sent_id: m.properties.get("__rmq.msgid").cloned(),
+            });
+        }
+    }
+}
+
+/// `topic status` of `topic`: (messages readable, scheduled).
+fn readable_and_scheduled(ns: &str, topic: &str) -> Result<(u64, u64), String> {
+    let (ok, lines, err) = raftmq(ns, &["topic", "status", topic]);
+    if !ok || lines.len() != 1 {
+        return Err(format!("topic status: {err}"));
+    }
+    Ok((num(&lines[0], "messages"), num(&lines[0], "scheduled")))
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// 28.1 Bad input is refused, naming the problem, and stores nothing; a scheduled message is not
+///      readable before its time and is readable once after it; a recall cancels one, and a
+///      second recall says it no longer waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t28_1_schedule_refusals_visibility_and_recall() {
+    let c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    let ns = c.nameserver.clone();
+    must(
+        &ns,
+        &["topic", "create", "d", "--type", "delay", "--queues", "2"],
+    );
+    must(&ns, &["topic", "create", "n", "--queues", "1"]);
+    wait_for("both topics routed", Duration::from_secs(20), || {
+        let ns = ns.clone();
+        async move {
+            readable_and_scheduled(&ns, "d")?;
+            readable_and_scheduled(&ns, "n")
+        }
+    })
+    .await;
+
+    // A delivery time on a NORMAL topic; beyond the 40-day horizon; a malformed duration.
+    let (ok, _, err) = raftmq(
+        &ns,
+        &[
+            "produce", "--topic", "n", "--count", "1", "--size", "8", "--delay", "5s",
+        ],
+    );
+    assert!(
+        !ok && err.contains("only a DELAY topic takes delivery times"),
+        "{err}"
+    );
+    let far = (now_ms() + 41 * 24 * 3600 * 1000).to_string();
+    let (ok, _, err) = raftmq(
+        &ns,
+        &[
+            "produce",
+            "--topic",
+            "d",
+            "--count",
+            "1",
+            "--size",
+            "8",
+            "--deliver-at",
+            &far,
+        ],
+    );
+    assert!(
+        !ok && err.contains("beyond the horizon of 3456000 s"),
+        "{err}"
+    );
+    let (ok, _, err) = raftmq(
+        &ns,
+        &["produce", "--topic", "d", "--count", "1", "--delay", "5"],
+    );
+    assert!(
+        !ok && err.contains("--delay \"5\" is not a duration"),
+        "{err}"
+    );
+    assert_eq!(
+        readable_and_scheduled(&ns, "n").unwrap(),
+        (0, 0),
+        "nothing stored"
+    );
+    assert_eq!(
+        readable_and_scheduled(&ns, "d").unwrap(),
+        (0, 0),
+        "nothing stored"
+    );
+
+    // Scheduled 4 s ahead: acknowledged at once with its time and no offset.
+    let t0 = now_ms();
+    let acks = must(
+        &ns,
+        &[
+            "produce", "--topic", "d", "--count", "20", "--size", "16", "--delay", "4s",
+        ],
+    );
+    assert_eq!(acks.len(), 20);
+    for a in &acks {
+        let at = num(a, "deliver_at_ms");
+        assert!(at >= t0 + 4000, "{a}");
+        assert_eq!(num(a, "offset"), 0, "{a}");
+    }
+    let due = acks.iter().map(|a| num(a, "deliver_at_ms")).max().unwrap();
+    // One more, far ahead, to recall.
+    let late = must(
+        &ns,
+        &[
+            "produce", "--topic", "d", "--count", "1", "--size", "16", "--delay", "1h",
+        ],
+    );
+    let late_id = late[0]["msg_id"].as_str().unwrap().to_string();
+    let st = must(&ns, &["topic", "status", "d"]);
+    assert_eq!(
+        (num(&st[0], "messages"), num(&st[0], "scheduled")),
+        (0, 21),
+        "{}",
+        st[0]
+    );
+    // Nothing readable before its time, on any node.
+    let addrs = c.addrs();
+    if now_ms() + 500 < t0 + 4000 {
+        for a in &addrs {
+            for q in 0..2 {
+                assert_eq!(
+                    read_all(a, "d", q).await.unwrap(),
+                    vec![],
+                    "{a} queue {q} before the time"
+                );
+            }
+        }
+    }
+    let r = must(&ns, &["msg", "recall", "--topic", "d", "--id", &late_id]);
+    assert_eq!(r[0]["recalled"], true, "{}", r[0]);
+    let (ok, _, err) = raftmq(&ns, &["msg", "recall", "--topic", "d", "--id", &late_id]);
+    assert!(
+        !ok && err.contains("is not waiting for its delivery time"),
+        "{err}"
+    );
+
+    // After its time: all 20 readable once, on every node, none stored before its time.
+    wait_for("20 delivered", Duration::from_secs(30), || {
+        let ns = ns.clone();
+        async move {
+            match readable_and_scheduled(&ns, "d")? {
+                (20, 0) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let seen = now_ms();
+    for a in &addrs {
+        let mut got = Vec::new();
+        wait_for("a replica holds the 20", Duration::from_secs(20), || {
+            let a = a.clone();
+            async move {
+                let mut all = read_all(&a, "d", 0).await?;
+                all.extend(read_all(&a, "d", 1).await?);
+                if all.len() == 20 {
+                    Ok(all)
+                } else {
+                    Err(format!("{} of 20", all.len()))
+                }
+            }
+        })
+        .await
+        .into_iter()
+        .for_each(|h| got.push(h));
+        for h in &got {
+            let at = h.deliver_at_ms.expect("the delivery time is kept");
+            assert!(
+                h.store_ms >= at,
+                "delivered at {} before its time {at}",
+                h.store_ms
+            );
+        }
+        let mut bodies: Vec<&[u8]> = got.iter().map(|h| h.body.as_slice()).collect();
+        bodies.sort();
+        bodies.dedup();
+        assert_eq!(bodies.len(), 20, "{a}: each once");
+    }
+    println!(
+        "DELAY 28.1: 20 messages due by {due}, all readable when checked at {seen} (+{} ms)",
+        seen.saturating_sub(due)
+    );
+}
+
+/// 28.2 10,000 messages scheduled over ~25 s; the leader is SIGKILLed while they wait, then
+///      every node loses power at once. Each acknowledged message is delivered exactly once,
+///      never before its time; every replica holds the same queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t28_2_scheduled_messages_survive_leader_kill_and_power_loss() {
+    const N: usize = 10_000;
+    let mut c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    let ns = c.nameserver.clone();
+    must(
+        &ns,
+        &[
+            "topic", "create", "sched", "--type", "delay", "--queues", "4",
+        ],
+    );
+    wait_for("the topic routed", Duration::from_secs(20), || {
+        let ns = ns.clone();
+        async move { readable_and_scheduled(&ns, "sched") }
+    })
+    .await;
+    let n = N.to_string();
+    let t0 = now_ms();
+    let acks = must(
+        &ns,
+        &[
+            "produce",
+            "--topic",
+            "sched",
+            "--count",
+            &n,
+            "--size",
+            "64",
+            "--delay",
+            "6s",
+            "--delay-spread",
+            "20s",
+        ],
+    );
+    assert_eq!(acks.len(), N, "every message acknowledged");
+    // The id each send returned → its delivery time.
+    let due: HashMap<String, u64> = acks
+        .iter()
+        .map(|a| {
+            (
+                a["msg_id"].as_str().unwrap().to_string(),
+                num(a, "deliver_at_ms"),
+            )
+        })
+        .collect();
+    assert_eq!(due.len(), N, "ids are unique");
+    println!("DELAY 28.2: {N} scheduled in {} ms", now_ms() - t0);
+
+    // The leader dies while they are being delivered (due from +6 s to +26 s); it comes back
+    // 3 s later.
+    tokio::time::sleep(Duration::from_millis((t0 + 9_000).saturating_sub(now_ms()))).await;
+    let leader = c.leader().await;
+    let killed_at = now_ms();
+    c.kill(leader);
+    println!(
+        "DELAY 28.2: killed leader {leader} at +{} ms",
+        killed_at - t0
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.spawn(leader);
+    // Mid-way through the deliveries, every node loses power at once.
+    let power_at = t0 + 17_000;
+    tokio::time::sleep(Duration::from_millis(power_at.saturating_sub(now_ms()))).await;
+    let before_power = readable_and_scheduled(&ns, "sched").unwrap_or((0, 0));
+    c.kill_all();
+    println!(
+        "DELAY 28.2: power loss at +{} ms with {} delivered, {} waiting",
+        now_ms() - t0,
+        before_power.0,
+        before_power.1
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in 1..=3 {
+        c.spawn(id);
+    }
+    let back_at = now_ms();
+    c.leader().await;
+
+    wait_for("every message delivered", Duration::from_secs(90), || {
+        let ns = ns.clone();
+        async move {
+            match readable_and_scheduled(&ns, "sched")? {
+                (m, 0) if m as usize >= N => Ok(()),
+                other => Err(format!("{other:?} of {N}")),
+            }
+        }
+    })
+    .await;
+
+    // Every replica: the same queues; each message once; none before its time.
+    let mut replicas: Vec<BTreeMap<u32, Vec<Held>>> = Vec::new();
+    for a in c.addrs() {
+        let held = wait_for(
+            "a replica holds every message",
+            Duration::from_secs(30),
+            || {
+                let a = a.clone();
+                async move {
+                    let mut qs = BTreeMap::new();
+                    let mut total = 0;
+                    for q in 0..4 {
+                        let h = read_all(&a, "sched", q).await?;
+                        total += h.len();
+                        qs.insert(q, h);
+                    }
+                    if total >= N {
+                        Ok(qs)
+                    } else {
+                        Err(format!("{a}: {total} of {N}"))
+                    }
+                }
+            },
+        )
+        .await;
+        replicas.push(held);
+    }
+    for r in &replicas[1..] {
+        assert!(r == &replicas[0], "replicas differ");
+    }
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    let mut bodies: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut lateness = Vec::new();
+    let mut during_faults = Vec::new();
+    for h in replicas[0].values().flatten() {
+        let id = h.sent_id.clone().expect("the id its send returned");
+        let at = *due
+            .get(&id)
+            .unwrap_or_else(|| panic!("a message nobody sent: {id}"));
+        assert_eq!(h.deliver_at_ms, Some(at), "{id}: its time is kept");
+        assert!(
+            h.store_ms >= at,
+            "{id} delivered at {} before its time {at}",
+            h.store_ms
+        );
+        *seen.entry(id).or_default() += 1;
+        *bodies.entry(h.body.clone()).or_default() += 1;
+        let late = h.store_ms - at;
+        // Due while a fault was being recovered from: counted apart.
+        if (killed_at..killed_at + 4_000).contains(&at) || (power_at..back_at + 2_000).contains(&at)
+        {
+            during_faults.push(late);
+        } else {
+            lateness.push(late);
+        }
+    }
+    let dups: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(dups.is_empty(), "delivered twice: {:?}", dups.first());
+    assert_eq!(seen.len(), N, "each acknowledged message delivered");
+    assert_eq!(bodies.len(), N, "each body once");
+    lateness.sort_unstable();
+    during_faults.sort_unstable();
+    println!("DELAY 28.2 lateness (store time − delivery time), ms:");
+    println!(
+        "  {:<26} {:>7} {:>7} {:>7} {:>7}",
+        "messages", "count", "p50", "p99", "max"
+    );
+    for (name, v) in [
+        ("due outside the faults", &lateness),
+        ("due during a fault", &during_faults),
+    ] {
+        println!(
+            "  {:<26} {:>7} {:>7} {:>7} {:>7}",
+            name,
+            v.len(),
+            percentile(v, 0.5),
+            percentile(v, 0.99),
+            v.last().copied().unwrap_or(0)
+        );
+    }
+}

@@ -54,9 +54,39 @@ pub fn drain_target(st: &Status, election_timeout_ms: u64) -> Option<u64> {
         .map(|p| p.node_id)
 }
 
+/// Entries a voter may lack and still count toward the quorum a stopping leader leaves behind.
+pub const DRAIN_LAG_MAX: u64 = 256;
+
+/// Whether the voters other than this leader, on their own, form a majority of caught-up members
+/// (each within [`DRAIN_LAG_MAX`] entries and heard from within the election timeout). Until
+/// they do, the group could not commit right after this node stops: the new leader would first
+/// have to bring a lagging voter up to date, and producers would wait for it.
+pub fn quorum_without_me(st: &Status, election_timeout_ms: u64) -> bool {
+    let ready = st
+        .peers
+        .iter()
+        .filter(|p| p.node_id != st.node_id && st.voters.contains(&p.node_id))
+        .filter(|p| {
+            p.lag <= DRAIN_LAG_MAX && p.last_ack_ms.is_some_and(|ms| ms < election_timeout_ms)
+        })
+        .count();
+    ready > st.voters.len() / 2
+}
+
+/// The voter furthest behind, for the log: (node id, lag).
+fn laggard(st: &Status) -> Option<(u64, u64)> {
+    st.peers
+        .iter()
+        .filter(|p| p.node_id != st.node_id && st.voters.contains(&p.node_id))
+        .max_by_key(|p| p.lag)
+        .map(|p| (p.node_id, p.lag))
+}
+
 /// On a graceful stop (SIGTERM): while this node leads, hands leadership to a caught-up follower
 /// and waits until it no longer leads, for at most `max`. Clients then see a planned hand-over
-/// (one redirect) rather than an election timeout. A follower returns at once.
+/// (one redirect) rather than an election timeout. It first waits (still leading and serving,
+/// for at most half of `max`) until the other voters alone form a caught-up majority
+/// ([`quorum_without_me`]), so the new leader commits at once. A follower returns at once.
 pub async fn drain(node: &Node, max: Duration) {
     if max.is_zero() || node.member.status().role != Role::Leader {
         return;
@@ -66,8 +96,24 @@ pub async fn drain(node: &Node, max: Duration) {
         max_ms = max.as_millis() as u64,
         "stopping: handing leadership to a caught-up follower first"
     );
+    let mut waited_logged = false;
     while t0.elapsed() < max {
         let st = node.member.status();
+        if st.role == Role::Leader
+            && t0.elapsed() < max / 2
+            && !quorum_without_me(&st, node.election_timeout_ms())
+        {
+            if !waited_logged {
+                waited_logged = true;
+                tracing::info!(
+                    laggard = ?laggard(&st),
+                    "waiting for the other voters to catch up before handing over, so the group \
+                     commits without this node at once"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
         if st.role != Role::Leader {
             tracing::info!(
                 leader = ?st.leader,
@@ -146,6 +192,31 @@ mod tests {
         let mut learner = status(Role::Leader, 1, 0, Some(10));
         learner.voters = [1, 3].into();
         assert_eq!(drain_target(&learner, 300), None);
+    }
+
+    #[test]
+    fn a_stopping_leader_waits_until_the_others_alone_form_a_caught_up_majority() {
+        let mut st = status(Role::Leader, 1, 0, Some(10));
+        let mut other = st.peers[0].clone();
+        other.node_id = 3;
+        other.lag = DRAIN_LAG_MAX + 1;
+        st.peers.push(other);
+        // Of voters {1, 2, 3}, only 2 is caught up: 2 and 3 alone could not commit at once.
+        assert!(!quorum_without_me(&st, 300));
+        st.peers[1].lag = DRAIN_LAG_MAX;
+        assert!(quorum_without_me(&st, 300));
+        assert_eq!(laggard(&st), Some((3, DRAIN_LAG_MAX)));
+        // A silent voter does not count.
+        st.peers[1].last_ack_ms = Some(900);
+        assert!(!quorum_without_me(&st, 300));
+        // Five voters: three of the four others are enough.
+        st.voters = [1, 2, 3, 4, 5].into();
+        for id in [4, 5] {
+            let mut p = st.peers[0].clone();
+            p.node_id = id;
+            st.peers.push(p);
+        }
+        assert!(quorum_without_me(&st, 300));
     }
 
     #[test]

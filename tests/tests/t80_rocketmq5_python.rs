@@ -911,3 +911,111 @@ async fn t89_client_configured_with_every_node_address_works() {
     let want: BTreeSet<&str> = sent.iter().map(|s| str_of(s, "id")).collect();
     assert_eq!(ids, want, "received with the access point {all:?}: {got}");
 }
+
+/// 80. Delay messages through the official Producer (`delivery_timestamp`, whole seconds): each
+/// is acknowledged at once with a recall handle, reaches the SimpleConsumer not before its time
+/// and once, as a DELAY message carrying its delivery time; two recalled by their handles never
+/// arrive, and recalling one again fails. A delivery time on a NORMAL topic and one beyond the
+/// 40-day horizon are refused with their RocketMQ codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_delay_messages_arrive_not_before_their_time_and_recall_works() {
+    let c = cluster_with_topic("rmq5-normal", 2, &[]).await;
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(CreateTopicRequest {
+            name: "rmq5-delay".into(),
+            queues: 2,
+            update: false,
+            message_type: TopicMessageType::Delay as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    let out = run_script(
+        &c,
+        "delay.py",
+        &args(&[
+            ("topic", "rmq5-delay"),
+            ("normal-topic", "rmq5-normal"),
+            ("count", "6"),
+            ("recall", "2"),
+            ("delay-seconds", "4"),
+            ("max-seconds", "60"),
+        ]),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(
+        list(&out, "errors").is_empty(),
+        "errors: {}\n{}",
+        out["errors"],
+        diagnostics(&c)
+    );
+    let sent = list(&out, "sent");
+    assert_eq!(sent.len(), 6, "{out}");
+    for s in sent {
+        assert!(
+            str_of(s, "recall_handle").starts_with("broker-a-"),
+            "a scheduled send returns a recall handle: {s}"
+        );
+    }
+    let recalled: BTreeSet<&str> = list(&out, "recalled")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(recalled.len(), 2, "{out}");
+    let again = raised(&out["recall_again"], "recalling a recalled message again");
+    assert!(
+        str_of(again, "text").contains("not waiting for its delivery time"),
+        "{again}"
+    );
+    // The client checks the route's accepted types itself (a NORMAL queue); the front would
+    // answer MESSAGE_PROPERTY_CONFLICT_WITH_TYPE (40014) to a client that does not.
+    let normal = raised(&out["normal_topic"], "a delivery time on a NORMAL topic");
+    let text = str_of(normal, "text");
+    assert!(
+        (text.contains("message_type:DELAY") && text.contains("NORMAL")) || normal["code"] == 40014,
+        "{normal}"
+    );
+    let far = raised(&out["beyond_horizon"], "a delivery time beyond the horizon");
+    assert_eq!(far["code"], 40012, "ILLEGAL_DELIVERY_TIME: {far}");
+    assert!(str_of(far, "text").contains("beyond the horizon"), "{far}");
+
+    let received = list(&out, "received");
+    let due: BTreeMap<&str, u64> = sent
+        .iter()
+        .map(|s| (str_of(s, "id"), s["deliver_at_ms"].as_u64().unwrap()))
+        .collect();
+    let mut got: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut late = Vec::new();
+    for m in received {
+        let id = str_of(m, "id");
+        *got.entry(id).or_default() += 1;
+        let at = due[id];
+        let seen = m["at_ms"].as_u64().unwrap();
+        assert!(seen >= at, "{id} received at {seen}, before its time {at}");
+        assert_eq!(m["delivery_timestamp_ms"].as_u64(), Some(at), "{m}");
+        assert_eq!(m["message_type"], 3, "{id} is a DELAY message: {m}");
+        late.push(seen - at);
+    }
+    let expected: BTreeSet<&str> = due
+        .keys()
+        .copied()
+        .filter(|id| !recalled.contains(id))
+        .collect();
+    assert_eq!(
+        got.keys().copied().collect::<BTreeSet<_>>(),
+        expected,
+        "{out}"
+    );
+    assert!(got.values().all(|n| *n == 1), "each once: {got:?}");
+    late.sort_unstable();
+    println!(
+        "t80: {} delay messages received this many ms after their time: {late:?}",
+        late.len()
+    );
+    println!("t80: refusals: {normal} / {far}");
+}

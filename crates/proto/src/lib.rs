@@ -20,6 +20,22 @@ pub mod v1 {
 /// that time on.
 pub const DELIVER_AT_PROPERTY: &str = "__rmq.deliver_at";
 
+/// The parts of a raftmq message id, `{broker}-{log_index:016X}-{position:04X}`: the broker
+/// group (which may itself hold dashes), the log index of its entry, and its position there.
+pub fn split_msg_id(id: &str) -> Option<(&str, u64, u32)> {
+    let mut parts = id.rsplitn(3, '-');
+    let (position, index, broker) = (parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if broker.is_empty() || !hex(index, 16) || !hex(position, 4) {
+        return None;
+    }
+    Some((
+        broker,
+        u64::from_str_radix(index, 16).ok()?,
+        u32::from_str_radix(position, 16).ok()?,
+    ))
+}
+
 /// Encoded `FileDescriptorSet` of every raftmq proto file, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("raftmq_descriptor");
 
@@ -41,5 +57,23 @@ impl std::fmt::Display for v1::Error {
             write!(f, " (leader: node {} at {})", l.node_id, l.address)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn message_ids_split_into_broker_index_and_position() {
+        assert_eq!(
+            super::split_msg_id("broker-a-00000000000000FF-0002"),
+            Some(("broker-a", 255, 2))
+        );
+        assert_eq!(super::split_msg_id("broker-a-FF-0002"), None);
+        assert_eq!(super::split_msg_id("00000000000000FF-0002"), None);
+        assert_eq!(super::split_msg_id("-00000000000000FF-0002"), None);
+        assert_eq!(
+            super::split_msg_id("C0A8000100002A9F0000000000000001"),
+            None
+        );
     }
 }

@@ -92,6 +92,7 @@ v1_rpcs! {
     PopAckRequest => PopAckResponse, pop_ack;
     ChangeInvisibleRequest => ChangeInvisibleResponse, change_invisible;
     DeadLetterRequest => DeadLetterResponse, dead_letter;
+    RecallRequest => RecallResponse, recall;
 }
 
 /// A peer its leader has not heard from for this long is left out of routes.

@@ -137,6 +137,27 @@ fn tag_expression(f: &Option<pb::FilterExpression>) -> Result<String, Error> {
     }
 }
 
+/// Marks a send's "offset" that is in fact a scheduled message's place (it has no offset until
+/// delivered): the bit, then `log_index << 16 | position`. The offsets travel through the
+/// combiner and the resend record as plain numbers.
+const SCHEDULED_BIT: u64 = 1 << 63;
+
+/// A stored message's offset, or for a scheduled one its place under [`SCHEDULED_BIT`].
+fn placed(r: &v1::SendResult) -> u64 {
+    match raftmq_proto::split_msg_id(&r.msg_id) {
+        Some((_, index, position)) if r.deliver_at_ms > 0 && index < 1 << 47 => {
+            SCHEDULED_BIT | index << 16 | position as u64
+        }
+        _ => r.offset,
+    }
+}
+
+/// The recall handle of a scheduled message: its raftmq id, which names the broker group.
+fn recall_handle(broker: &str, placed: u64) -> String {
+    let place = placed & !SCHEDULED_BIT;
+    format!("{broker}-{:016X}-{:04X}", place >> 16, place & 0xFFFF)
+}
+
 /// A message's type against its topic's: a NORMAL topic also takes UNSPECIFIED.
 pub fn check_type(
     topic: &str,
@@ -490,17 +511,22 @@ impl<B: BrokerService> Inner<B> {
                 })
             })
             .await?;
-        let offsets = offsets
-            .into_iter()
-            .map(|o| if o == u64::MAX { -1 } else { o as i64 });
         Ok(msgs
             .iter()
             .zip(offsets)
-            .map(|(m, offset)| pb::SendResultEntry {
-                status: Some(ok()),
-                message_id: message_id(m),
-                offset,
-                ..Default::default()
+            .map(|(m, o)| {
+                let (offset, recall_handle) = match o {
+                    u64::MAX => (-1, String::new()),
+                    o if o & SCHEDULED_BIT != 0 => (0, recall_handle(&g.name, o)),
+                    o => (o as i64, String::new()),
+                };
+                pb::SendResultEntry {
+                    status: Some(ok()),
+                    message_id: message_id(m),
+                    offset,
+                    recall_handle,
+                    ..Default::default()
+                }
             })
             .collect())
     }
@@ -533,7 +559,7 @@ impl<B: BrokerService> Inner<B> {
                 let started = Instant::now();
                 loop {
                     match me.fwd.call_ok(&target, req.clone(), CALL_TIMEOUT).await {
-                        Ok(reply) => return Ok(reply.results.iter().map(|r| r.offset).collect()),
+                        Ok(reply) => return Ok(reply.results.iter().map(placed).collect()),
                         Err(e)
                             if e.code() == Code::ProxyTimeout
                                 && started.elapsed() < SEND_RETRY_WINDOW =>
@@ -1255,13 +1281,39 @@ impl<B: BrokerService> MessagingService for Front<B> {
         Ok(Response::new(reply))
     }
 
+    /// Cancels a scheduled message: the handle is the raftmq id its send returned, which names
+    /// the broker group; that group's leader recalls it.
     async fn recall_message(
         &self,
-        _request: Request<pb::RecallMessageRequest>,
+        request: Request<pb::RecallMessageRequest>,
     ) -> Result<Response<pb::RecallMessageResponse>, Status> {
+        let req = request.into_inner();
+        let topic = req
+            .topic
+            .as_ref()
+            .map_or("", |t| t.name.as_str())
+            .to_string();
+        let handle = req.recall_handle;
+        let outcome = async {
+            let Some((broker, _, _)) = raftmq_proto::split_msg_id(&handle) else {
+                return Err(Error::bad_request(format!(
+                    "recall handle {handle:?} is not one a send of a scheduled message returned"
+                )));
+            };
+            let target = self.inner.target_of(broker, &topic).await?;
+            let recall = v1::RecallRequest {
+                topic: topic.clone(),
+                msg_id: handle.clone(),
+            };
+            self.inner.fwd.call_ok(&target, recall, CALL_TIMEOUT).await
+        };
+        let (status, message_id) = match outcome.await {
+            Ok(_) => (ok(), handle.clone()),
+            Err(e) => (e.status(), String::new()),
+        };
         Ok(Response::new(pb::RecallMessageResponse {
-            status: Some(not_implemented("RecallMessage (delay messages)")),
-            message_id: String::new(),
+            status: Some(status),
+            message_id,
         }))
     }
 

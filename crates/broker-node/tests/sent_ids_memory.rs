@@ -2,10 +2,11 @@
 //! - the client message ids stored lately (`SentIds`, for `SendOnce`): heap bytes per id, and
 //!   snapshot bytes per id, with the record full (`SENT_IDS_MAX` ids);
 //! - the consume-queue index and the lookup index of ids and keys (`msg get|find`): heap bytes
-//!   per million messages, with and without ids and keys.
+//!   per million messages, with and without ids and keys;
+//! - the timer of scheduled messages (DELAY topics): heap bytes per million waiting.
 //!
 //! Prints the figures; bounds them loosely so a change that makes a record several times larger
-//! fails. The two tests share the counter, so they run one at a time.
+//! fails. The tests share the counter, so they run one at a time.
 
 // The one unsafe code in the workspace: a counting allocator that forwards every call to the
 // system allocator, for this measurement only.
@@ -191,4 +192,64 @@ fn indexes_cost_per_million_messages() {
         "{:.1} MB for a million ids and keys (16 by construction)",
         labelled - plain
     );
+}
+
+/// The timer of scheduled messages (DELAY topics): heap bytes per million waiting, scheduled in
+/// batches of 100 with times spread over a day (so the index is not filled in order).
+#[test]
+fn scheduled_messages_cost_per_million() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let n: usize = 1_000_000;
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut st = BrokerState::default();
+    st.apply(
+        1,
+        1,
+        &Command::ConfigureTopic {
+            name: "d".into(),
+            queues: 8,
+            update: false,
+            message_type: 2,
+        }
+        .encode(),
+    );
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for b in 0..n.div_ceil(100) {
+        let times: Vec<u64> = (0..100)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                1_800_000_000_000 + x % 86_400_000
+            })
+            .collect();
+        let cmd = Command::Schedule {
+            topic: "d".into(),
+            queue: (b % 8) as u32,
+            producer_id: 0,
+            sequence: 0,
+            timestamp_ms: 1_700_000_000_000,
+            id_property: String::new(),
+            deliver_at_ms: times,
+            replaces: vec![],
+            messages: vec![
+                StoredBody {
+                    key: String::new(),
+                    tag: String::new(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![],
+                };
+                100
+            ],
+        };
+        st.apply(2 + b as u64, 1, &cmd.encode());
+    }
+    let used = LIVE.load(Ordering::Relaxed) - before;
+    assert_eq!(st.timer.len(), n);
+    let per = used as f64 / n as f64;
+    println!(
+        "timer with {n} scheduled messages: {:.1} MB heap ({per:.1} B per message)",
+        used as f64 / 1e6
+    );
+    assert!(per < 100.0, "{per:.1} heap bytes per scheduled message");
 }

@@ -422,6 +422,9 @@ pub enum BenchCmd {
     /// Message lookup at scale: store --count messages with client ids and keys, then time
     /// `msg get` by id and `msg find --key` on random ones.
     Lookup(crate::commands::bench_lookup::LookupBenchArgs),
+    /// Scheduled messages: --count due over --window-secs under a producer load; how late each
+    /// is stored and received.
+    Delay(crate::commands::bench_delay::DelayBenchArgs),
     /// SIGKILL the leader of a local cluster repeatedly; outage = kill → first acknowledged send.
     Failover {
         #[arg(long, default_value_t = 10)]

@@ -99,6 +99,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
         }
         BenchCmd::Pop(args) => crate::commands::bench_pop::run(nameserver, json, args).await,
         BenchCmd::Lookup(args) => crate::commands::bench_lookup::run(nameserver, json, args).await,
+        BenchCmd::Delay(args) => crate::commands::bench_delay::run(nameserver, json, args).await,
         BenchCmd::Failover {
             kills,
             senders,

@@ -467,3 +467,119 @@ async fn t28_2_scheduled_messages_survive_leader_kill_and_power_loss() {
         );
     }
 }
+
+/// 28.3 Retention trims past scheduled messages without losing them: with 1 MiB segments and a
+///      one-second maximum age, messages due 20 s ahead are moved to new entries (same time, same
+///      id) while a producer fills the log, every node purges the entries they were sent in, and
+///      each is still delivered once at its time under the id its send returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t28_3_retention_moves_waiting_messages_instead_of_losing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("node.toml");
+    std::fs::write(
+        &conf,
+        "register_interval_ms = 500\n[raft]\nsegment_bytes_max = 1048576\ncheckpoint_every_entries = 4\n\
+         [retention]\nmax_age_secs = 1\ncheck_interval_ms = 300\n",
+    )
+    .unwrap();
+    let c = Cluster::start(3, &["--config", conf.to_str().unwrap()]).await;
+    let ns = c.nameserver.clone();
+    must(
+        &ns,
+        &[
+            "topic", "create", "later", "--type", "delay", "--queues", "2",
+        ],
+    );
+    must(&ns, &["topic", "create", "fill", "--queues", "2"]);
+    wait_for("the topics routed", Duration::from_secs(20), || {
+        let ns = ns.clone();
+        async move {
+            readable_and_scheduled(&ns, "later")?;
+            readable_and_scheduled(&ns, "fill")
+        }
+    })
+    .await;
+    let acks = must(
+        &ns,
+        &[
+            "produce", "--topic", "later", "--count", "50", "--size", "100", "--delay", "20s",
+        ],
+    );
+    assert_eq!(acks.len(), 50);
+    let due: HashMap<String, u64> = acks
+        .iter()
+        .map(|a| {
+            (
+                a["msg_id"].as_str().unwrap().to_string(),
+                num(a, "deliver_at_ms"),
+            )
+        })
+        .collect();
+    let sent_in = acks
+        .iter()
+        .filter_map(|a| raftmq_proto::split_msg_id(a["msg_id"].as_str()?).map(|(_, i, _)| i))
+        .max()
+        .unwrap();
+    // Fill the log until every node purged the entries the scheduled messages were sent in.
+    for id in 1..=3u64 {
+        wait_for(
+            "every node purges past the scheduled entries",
+            Duration::from_secs(60),
+            || {
+                let ns = ns.clone();
+                let c = &c;
+                async move {
+                    let st = c.status(id).await.ok_or("no status")?;
+                    if st.purged_index > sent_in {
+                        return Ok(());
+                    }
+                    raftmq(
+                        &ns,
+                        &[
+                            "produce", "--topic", "fill", "--count", "200", "--size", "4000",
+                        ],
+                    );
+                    Err(format!(
+                        "node {id} purged to {} of {sent_in}",
+                        st.purged_index
+                    ))
+                }
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        readable_and_scheduled(&ns, "later").unwrap().1,
+        50,
+        "still waiting"
+    );
+    wait_for("the 50 delivered", Duration::from_secs(60), || {
+        let ns = ns.clone();
+        async move {
+            match readable_and_scheduled(&ns, "later")? {
+                (50, 0) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    let mut got: HashMap<String, u32> = HashMap::new();
+    for q in 0..2 {
+        for h in read_all(&c.addrs()[0], "later", q).await.unwrap() {
+            let id = h.sent_id.clone().expect("the id its send returned");
+            let at = due[&id];
+            assert_eq!(h.deliver_at_ms, Some(at));
+            assert!(h.store_ms >= at, "{id} early");
+            *got.entry(id).or_default() += 1;
+        }
+    }
+    assert_eq!(got.len(), 50, "each delivered");
+    assert!(got.values().all(|n| *n == 1), "each once");
+    let moved = (1..=3)
+        .filter(|&id| {
+            c.node_log(id)
+                .contains("scheduled messages moved ahead of the retention point")
+        })
+        .count();
+    assert!(moved >= 1, "the leader logged the move");
+}

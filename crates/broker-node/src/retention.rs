@@ -72,15 +72,33 @@ pub fn spawn(node: Arc<Node>) {
             if st.role != Role::Leader {
                 continue;
             }
-            // Never past an entry with a scheduled message still waiting (apply holds it too).
-            let held = node.state_value(|s| s.timer.oldest_entry().map(|o| o - 1));
-            let upto = trim_point(
+            let wanted = trim_point(
                 &node.member.sealed_segments(),
                 SystemTime::now(),
                 &cfg,
                 used,
-                held.map_or(st.applied, |h| h.min(st.applied)),
+                st.applied,
             );
+            // Scheduled messages still waiting in entries retention would trim move to new
+            // entries first (same times and ids); never past one still waiting (apply holds the
+            // trim there too).
+            if node
+                .state_value(|s| s.timer.oldest_entry())
+                .is_some_and(|o| o <= wanted)
+            {
+                let broker = crate::service::Broker { node: node.clone() };
+                match broker.roll_upto(wanted).await {
+                    Ok(n) if n > 0 => tracing::info!(
+                        moved = n,
+                        upto = wanted,
+                        "scheduled messages moved ahead of the retention point"
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "moving scheduled messages failed"),
+                }
+            }
+            let held = node.state_value(|s| s.timer.oldest_entry().map(|o| o - 1));
+            let upto = held.map_or(wanted, |h| h.min(wanted));
             if upto > trimmed {
                 tracing::info!(upto, disk_used_pct = used, "retention trims the log");
                 if let Err(e) = node

@@ -157,6 +157,29 @@ impl Timer {
         self.entries.keys().next().copied()
     }
 
+    /// Messages waiting whose entry is at or below `log_index` (at most `max`): what retention
+    /// must move before it can trim there. A scan, done only when retention is held back.
+    pub fn waiting_upto(&self, log_index: u64, max: usize) -> Vec<Waiting> {
+        if self.oldest_entry().is_none_or(|o| o > log_index) {
+            return Vec::new();
+        }
+        self.due
+            .iter()
+            .filter(|(k, _)| unpack(k.1).0 <= log_index)
+            .take(max)
+            .map(|(&(at, loc), &(n, queue))| {
+                let (log_index, position) = unpack(loc);
+                Waiting {
+                    deliver_at_ms: at,
+                    log_index,
+                    position,
+                    topic: self.names[n as usize].clone(),
+                    queue,
+                }
+            })
+            .collect()
+    }
+
     /// The earliest delivery time waiting.
     pub fn next_due_ms(&self) -> Option<u64> {
         self.due.keys().next().map(|k| k.0)
@@ -235,6 +258,8 @@ mod tests {
         assert!(!t.holds(201, (10, 1), "a", 2), "another time");
         assert!(t.remove(200, (10, 1)));
         assert!(!t.remove(200, (10, 1)), "removed once");
+        assert_eq!(t.waiting_upto(10, 10).len(), 1);
+        assert_eq!(t.waiting_upto(9, 10), vec![]);
         assert!(t.remove(300, (10, 0)));
         assert_eq!(t.oldest_entry(), Some(11), "entry 10 has nothing waiting");
     }

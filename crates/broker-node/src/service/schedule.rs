@@ -275,19 +275,11 @@ impl Broker {
         Ok(delivered)
     }
 
-    /// Reads the messages of `waiting` out of their `Schedule` entries and proposes one `Deliver`
-    /// per [`DELIVER_BYTES_MAX`] of them.
-    async fn deliver_batch(
-        &self,
-        topic: &str,
-        queue: u32,
-        waiting: Vec<Waiting>,
-        now: u64,
-    ) -> Result<usize> {
-        let mut due = Vec::new();
-        let mut messages = Vec::new();
-        let mut bytes = 0;
-        let mut delivered = 0;
+    /// The messages of `waiting`, read out of their `Schedule` entries (one read per entry),
+    /// each with the id its send returned in `__rmq.msgid` (unless a client set its own), so a
+    /// delivered or rolled message keeps that id.
+    fn read_waiting(&self, waiting: &[Waiting]) -> Result<Vec<StoredBody>> {
+        let mut out = Vec::with_capacity(waiting.len());
         let mut cache: Option<(u64, bytes::Bytes)> = None;
         for w in waiting {
             let data = match &cache {
@@ -318,46 +310,87 @@ impl Broker {
             let Some(m) = ms.get(w.position as usize) else {
                 return Err(Internal::NotASend { index: w.log_index }.into());
             };
-            bytes += m.body.len();
             let mut properties: Vec<(String, String)> = m
                 .properties
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            // The id its send returned goes with it (unless a client set its own), so `msg get`
-            // and consumers find it under that id.
             if !properties.iter().any(|(k, _)| k == P_MSGID) {
                 properties.push((
                     P_MSGID.to_string(),
                     msg_id(&self.node.cfg.broker, w.log_index, w.position),
                 ));
             }
-            messages.push(StoredBody {
+            out.push(StoredBody {
                 key: m.key.to_string(),
                 tag: m.tag.to_string(),
                 body: data.slice_ref(m.body),
                 properties,
             });
-            due.push((w.deliver_at_ms, w.log_index, w.position));
-            if bytes >= DELIVER_BYTES_MAX {
-                delivered += self
-                    .propose_deliver(
-                        topic,
-                        queue,
-                        now,
-                        std::mem::take(&mut due),
-                        std::mem::take(&mut messages),
-                    )
-                    .await?;
-                bytes = 0;
-            }
         }
-        if !due.is_empty() {
-            delivered += self
-                .propose_deliver(topic, queue, now, due, messages)
-                .await?;
+        Ok(out)
+    }
+
+    /// Reads the messages of `waiting` and proposes one `Deliver` per [`DELIVER_BYTES_MAX`] of
+    /// them.
+    async fn deliver_batch(
+        &self,
+        topic: &str,
+        queue: u32,
+        waiting: Vec<Waiting>,
+        now: u64,
+    ) -> Result<usize> {
+        let bodies = self.read_waiting(&waiting)?;
+        let mut delivered = 0;
+        for (ws, ms) in by_bytes(&waiting, bodies) {
+            let due = ws
+                .iter()
+                .map(|w| (w.deliver_at_ms, w.log_index, w.position))
+                .collect();
+            delivered += self.propose_deliver(topic, queue, now, due, ms).await?;
         }
         Ok(delivered)
+    }
+
+    /// Moves the messages still waiting in entries at or below `upto` to new `Schedule` entries
+    /// (same times, same ids), so retention can trim past them. Returns how many moved.
+    pub async fn roll_upto(&self, upto: u64) -> Result<usize> {
+        let waiting = self
+            .node
+            .state_value(|s| s.timer.waiting_upto(upto, ROUND_MAX));
+        let mut per_queue: BTreeMap<(Arc<str>, u32), Vec<Waiting>> = BTreeMap::new();
+        for w in waiting {
+            per_queue
+                .entry((w.topic.clone(), w.queue))
+                .or_default()
+                .push(w);
+        }
+        let mut moved = 0;
+        for ((topic, queue), waiting) in per_queue {
+            for chunk in waiting.chunks(DELIVER_BATCH_MAX) {
+                let bodies = self.read_waiting(chunk)?;
+                for (ws, ms) in by_bytes(chunk, bodies) {
+                    let cmd = Command::Schedule {
+                        topic: topic.to_string(),
+                        queue,
+                        producer_id: 0,
+                        sequence: 0,
+                        timestamp_ms: super::wall_ms(),
+                        id_property: String::new(),
+                        deliver_at_ms: ws.iter().map(|w| w.deliver_at_ms).collect(),
+                        replaces: ws.iter().map(|w| (w.log_index, w.position)).collect(),
+                        messages: ms,
+                    };
+                    match self.propose(cmd).await?.1 {
+                        Reply::Scheduled { count, .. } => moved += count as usize,
+                        // Delivered or recalled meanwhile: nothing to move.
+                        Reply::NotScheduled(_) => {}
+                        reply => return Err(unexpected(reply)),
+                    }
+                }
+            }
+        }
+        Ok(moved)
     }
 
     async fn propose_deliver(
@@ -384,6 +417,24 @@ impl Broker {
             reply => Err(unexpected(reply)),
         }
     }
+}
+
+/// `waiting` and their `bodies` in runs of at most [`DELIVER_BYTES_MAX`] bytes of bodies (at
+/// least one message each).
+fn by_bytes(waiting: &[Waiting], bodies: Vec<StoredBody>) -> Vec<(Vec<Waiting>, Vec<StoredBody>)> {
+    let mut out: Vec<(Vec<Waiting>, Vec<StoredBody>)> = Vec::new();
+    let mut bytes = usize::MAX;
+    for (w, b) in waiting.iter().zip(bodies) {
+        if bytes.saturating_add(b.body.len()) > DELIVER_BYTES_MAX {
+            out.push((Vec::new(), Vec::new()));
+            bytes = 0;
+        }
+        bytes += b.body.len();
+        let last = out.last_mut().expect("a run was started");
+        last.0.push(w.clone());
+        last.1.push(b);
+    }
+    out
 }
 
 fn unexpected(reply: Reply) -> Error {

@@ -88,7 +88,8 @@ const DELIVER_BATCH_MAX: usize = 512;
 const DELIVER_BYTES_MAX: usize = 4 << 20;
 /// Most due messages the deliverer looks at per round.
 const ROUND_MAX: usize = 8192;
-/// How often the leader's deliverer looks for due messages when nothing wakes it.
+/// The longest the leader's deliverer sleeps: it wakes at the earliest time waiting, or after
+/// this to see new schedules.
 const TICK: Duration = Duration::from_millis(100);
 
 impl Broker {
@@ -446,15 +447,20 @@ fn unexpected(reply: Reply) -> Error {
     })
 }
 
-/// On the leader, delivers scheduled messages when they are due: every [`TICK`].
+/// On the leader, delivers scheduled messages when they are due: it sleeps until the earliest
+/// time waiting, at most [`TICK`].
 pub fn spawn_deliverer(node: Arc<Node>) {
     tokio::spawn(async move {
         let broker = Broker { node };
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            // Until the earliest time waiting (a new schedule is seen within one TICK).
+            let next = broker.node.state_value(|s| s.timer.next_due_ms());
+            let wait = next.map_or(TICK, |at| {
+                Duration::from_millis(at.saturating_sub(super::wall_ms())).min(TICK)
+            });
+            tokio::time::sleep(wait.max(Duration::from_millis(2))).await;
             if broker.node.member.status().role != Role::Leader {
+                tokio::time::sleep(TICK).await;
                 continue;
             }
             loop {
@@ -466,6 +472,15 @@ pub fn spawn_deliverer(node: Arc<Node>) {
                         break;
                     }
                 }
+            }
+            // Something due that could not be delivered now (an error, a race): not at once.
+            let now = super::wall_ms();
+            if broker
+                .node
+                .state_value(|s| s.timer.next_due_ms())
+                .is_some_and(|at| at <= now)
+            {
+                tokio::time::sleep(TICK).await;
             }
         }
     });

@@ -75,6 +75,11 @@ struct Args {
     /// (`SendOnce`) must store each once.
     #[arg(long)]
     new_batch_per_attempt: bool,
+    /// Delay mode: beside the producers, two senders schedule messages on a DELAY topic (due 0
+    /// to 8 s ahead) under the same faults; after the heal each must be delivered once, never
+    /// before its time, identically on every node.
+    #[arg(long)]
+    delay: bool,
     /// POP mode: concurrent POP consumers.
     #[arg(long, default_value_t = 3)]
     pop_consumers: u64,
@@ -208,6 +213,9 @@ fn main() {
         cfg.workload.new_batch_per_attempt = args.new_batch_per_attempt;
         cfg.max_duration = left.min(Duration::from_secs(300));
         cfg.large_log = large_log.clone();
+        if args.delay {
+            cfg.delay = Some(raftmq_tests::history::DelayCfg::default());
+        }
         if args.pop {
             cfg.pop = Some(PopCfg {
                 consumers: args.pop_consumers.max(1),
@@ -263,8 +271,12 @@ fn main() {
                 match &report.pop {
                     Some(p) if !p.is_ok() => format!(" (pop: {})", pop_problem_text(p)),
                     _ => String::new(),
-                }
+                },
             ));
+            if let Some(d) = report.delay.as_ref().filter(|d| !d.is_ok()) {
+                tot.failures
+                    .push(format!("seed {seed}: {}", d.to_string().trim_end()));
+            }
         }
         add_report(&mut tot, &report);
         if let Some(fr) = &report.fill {

@@ -53,6 +53,10 @@
 //! 1..=3, and a message is never handed out again before its deadline by the replicated clock.
 //! Details and the drain's bounds in [`pop`].
 //!
+//! Delay mode ([`ScenarioCfg::delay`], `soak --delay`, `t39`): senders schedule messages on a
+//! DELAY topic under the same faults; after the heal every one must be delivered once, never
+//! before its time, identically on every node (see [`delay`]).
+//!
 //! Modules: [`workload`] sends and records the history and reads every node back; [`faults`]
 //! injects and heals faults; [`check`](mod@check) compares the history with what was read;
 //! [`report`] holds and prints the result; [`scenario`] runs a round of all of them; [`pop`] is
@@ -65,6 +69,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 pub mod check;
+pub mod delay;
 pub mod faults;
 pub mod pop;
 pub mod report;
@@ -72,6 +77,7 @@ pub mod scenario;
 pub mod workload;
 
 pub use check::{check, check_pop};
+pub use delay::{DELAY_TOPIC, DelayCfg, DelayHistory, DelayReport, check_delay};
 pub use faults::{
     FaultKind, InjectOpts, PARTITION_LONG, find_leader, find_leader_term, flip_bit, inject,
     inject_opts, truncate_segment, wait_converged, wait_converged_term,
@@ -218,6 +224,9 @@ pub struct History {
     /// The POP consumers' calls, the drain and the dead letters (empty unless the round runs the
     /// POP workload, [`ScenarioCfg::pop`]).
     pub pop: Mutex<pop::PopHistory>,
+    /// The scheduled-message senders' sends (empty unless the round runs the delay workload,
+    /// [`ScenarioCfg::delay`]).
+    pub delay: Mutex<delay::DelayHistory>,
     /// When the load stopped (set by [`run_scenario`]); ends the last fault's liveness window.
     pub load_end: Mutex<Option<Duration>>,
 }
@@ -231,6 +240,7 @@ impl Default for History {
             offsets: Mutex::default(),
             acks: AtomicU64::new(0),
             pop: Mutex::default(),
+            delay: Mutex::default(),
             load_end: Mutex::default(),
         }
     }

@@ -56,6 +56,8 @@ pub struct Report {
     pub fill: Option<Box<FillReport>>,
     /// The POP workload's figures and problems, when the round ran it.
     pub pop: Option<Box<PopReport>>,
+    /// The scheduled-message workload's figures and problems, when the round ran it.
+    pub delay: Option<Box<super::delay::DelayReport>>,
 }
 
 /// What [`check_pop`] found: figures, then problem counters (each must be zero).
@@ -252,6 +254,7 @@ impl Report {
             == 0
             && self.fill.as_ref().is_none_or(|f| f.is_ok())
             && self.pop.as_ref().is_none_or(|p| p.is_ok())
+            && self.delay.as_ref().is_none_or(|d| d.is_ok())
     }
 
     pub(super) fn excerpt(&mut self, s: String) {
@@ -295,6 +298,9 @@ impl std::fmt::Display for Report {
             self.offsets_backwards,
             self.read_errors
         )?;
+        if let Some(d) = &self.delay {
+            writeln!(f, "  {}", d.to_string().trim_end())?;
+        }
         if let Some(p) = &self.pop {
             for line in p.to_string().lines() {
                 writeln!(f, "  {line}")?;

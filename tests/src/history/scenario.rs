@@ -52,6 +52,9 @@ pub struct ScenarioCfg {
     /// POP consumers of [`TOPIC`] beside the producers, then a drain and the dead-letter topic,
     /// checked by [`check_pop`] (see [`super::pop`]). None: the round is as before.
     pub pop: Option<PopCfg>,
+    /// Scheduled-message senders beside the producers, then a wait until every one is
+    /// delivered, checked by [`super::delay::check_delay`]. None: the round is as before.
+    pub delay: Option<super::delay::DelayCfg>,
 }
 
 impl ScenarioCfg {
@@ -65,6 +68,7 @@ impl ScenarioCfg {
             max_duration: Duration::from_secs(600),
             large_log: None,
             pop: None,
+            delay: None,
         }
     }
 }
@@ -236,6 +240,9 @@ async fn scenario(
     if cfg.pop.is_some() {
         create_pop_group(c).await?;
     }
+    if cfg.delay.is_some() {
+        super::delay::create_delay_topic(c).await?;
+    }
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
     lock(&hist.pop).max_attempts = POP_MAX_ATTEMPTS;
@@ -267,6 +274,20 @@ async fn scenario(
                 id,
                 addrs.clone(),
                 pc.clone(),
+                cfg.seed,
+                stop.clone(),
+                until,
+            )));
+        }
+    }
+
+    if let Some(dc) = &cfg.delay {
+        for id in 1..=dc.senders {
+            tasks.push(tokio::spawn(super::delay::delay_sender_loop(
+                hist.clone(),
+                id,
+                addrs.clone(),
+                dc.clone(),
                 cfg.seed,
                 stop.clone(),
                 until,
@@ -336,6 +357,28 @@ async fn scenario(
             ));
         }
     }
+    let mut delay_reads = BTreeMap::new();
+    if cfg.delay.is_some() {
+        let waited = match super::delay::wait_delivered(c, &hist).await {
+            Ok(()) => wait_converged(c, converge_timeout).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = waited {
+            let faults = lock(&hist.faults).clone();
+            return Err(failure_text(cfg.seed, c, &faults, &e));
+        }
+        for (id, n) in &c.nodes {
+            match super::delay::read_delay(&n.addr).await {
+                Ok(r) => {
+                    delay_reads.insert(*id, r);
+                }
+                Err(e) => {
+                    let faults = lock(&hist.faults).clone();
+                    return Err(failure_text(cfg.seed, c, &faults, &e));
+                }
+            }
+        }
+    }
     let mut reads = BTreeMap::new();
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
@@ -343,6 +386,9 @@ async fn scenario(
     let mut report = check(&hist, &reads, cfg.seed);
     if cfg.pop.is_some() {
         check_pop(&hist, &reads, &mut report);
+    }
+    if cfg.delay.is_some() {
+        report.delay = Some(Box::new(super::delay::check_delay(&hist, &delay_reads)));
     }
     if let Some((fill_hist, stats)) = fill {
         report.fill = Some(Box::new(check_fill(c, &fill_hist, stats, cfg.seed).await));

@@ -489,12 +489,12 @@ pub(crate) async fn send_until(
     SendOutcome::Failed(format!("deadline passed: {last}"))
 }
 
-/// Reads a whole queue from one node: (offset, body) in order.
-pub async fn read_queue(
+/// Reads a whole queue from one node, every message as stored, in offset order.
+pub async fn read_stored(
     addr: &str,
     topic: &str,
     queue: u32,
-) -> Result<Vec<(u64, Vec<u8>)>, String> {
+) -> Result<Vec<StoredMessage>, String> {
     let mut c = connect(addr).await;
     let mut out = Vec::new();
     let mut offset = 0;
@@ -517,9 +517,47 @@ pub async fn read_queue(
             return Ok(out);
         }
         for m in r.messages {
-            assert_eq!(m.offset, offset, "offsets are dense");
+            if m.offset != offset {
+                return Err(format!("offset {} where {offset} was due", m.offset));
+            }
             offset += 1;
-            out.push((m.offset, m.body.to_vec()));
+            out.push(m);
         }
     }
+}
+
+/// Reads a whole queue from one node: (offset, body) in order.
+pub async fn read_queue(
+    addr: &str,
+    topic: &str,
+    queue: u32,
+) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    Ok(read_stored(addr, topic, queue)
+        .await?
+        .into_iter()
+        .map(|m| (m.offset, m.body.to_vec()))
+        .collect())
+}
+
+/// `raftmq ARGS --json` against the nameserver `ns`: whether it succeeded, its JSON lines, and
+/// its standard error.
+pub fn raftmq_json(ns: &str, args: &[&str]) -> (bool, Vec<serde_json::Value>, String) {
+    let out = std::process::Command::new(bin("raftmq"))
+        .args(args)
+        .arg("--json")
+        .env("RAFTMQ_NAMESERVER", ns)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run raftmq");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (
+        out.status.success(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

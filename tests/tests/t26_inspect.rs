@@ -18,26 +18,9 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// `raftmq ARGS --json` against the cluster's nameserver: its status and its JSON lines.
+/// `raftmq ARGS --json` against the cluster's nameserver: success, JSON lines, stderr.
 fn raftmq(ns: &str, args: &[&str]) -> (bool, Vec<Value>, String) {
-    let out = Command::new(bin("raftmq"))
-        .args(args)
-        .arg("--json")
-        .env("RAFTMQ_NAMESERVER", ns)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run raftmq");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    (
-        out.status.success(),
-        lines,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    raftmq_json(ns, args)
 }
 
 /// As [`raftmq`], which must succeed with exactly one JSON object.

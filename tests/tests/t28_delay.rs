@@ -10,10 +10,8 @@
 //!   holds the same queues. Lateness is printed as a table (no timed assertion).
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use raftmq_proto::v1::*;
 use raftmq_tests::*;
 use serde_json::Value;
 
@@ -26,24 +24,7 @@ fn now_ms() -> u64 {
 
 /// `raftmq ARGS --json` against the cluster's nameserver: success, JSON lines, stderr.
 fn raftmq(ns: &str, args: &[&str]) -> (bool, Vec<Value>, String) {
-    let out = Command::new(bin("raftmq"))
-        .args(args)
-        .arg("--json")
-        .env("RAFTMQ_NAMESERVER", ns)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run raftmq");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect();
-    (
-        out.status.success(),
-        lines,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    raftmq_json(ns, args)
 }
 
 fn must(ns: &str, args: &[&str]) -> Vec<Value> {
@@ -69,44 +50,20 @@ struct Held {
 
 /// Every message of a queue on one node, in offset order.
 async fn read_all(addr: &str, topic: &str, queue: u32) -> Result<Vec<Held>, String> {
-    let mut c = connect(addr).await;
-    let mut out = Vec::new();
-    let mut offset = 0;
-    loop {
-        let r = c
-            .pull(PullRequest {
-                topic: topic.into(),
-                queue,
-                offset,
-                max_messages: 1000,
-                ..Default::default()
-            })
-            .await
-            .map_err(|s| s.to_string())?
-            .into_inner();
-        if code(&r.error) != ErrorCode::Ok {
-            return Err(format!("{:?}", r.error));
-        }
-        if r.messages.is_empty() {
-            return Ok(out);
-        }
-        for m in r.messages {
-            if m.offset != offset {
-                return Err(format!("offset {} where {offset} was due", m.offset));
-            }
-            offset += 1;
-            out.push(Held {
-                offset: m.offset,
-                body: m.body.to_vec(),
-                store_ms: m.store_timestamp_ms,
-                deliver_at_ms: m
-                    .properties
-                    .get(raftmq_proto::DELIVER_AT_PROPERTY)
-                    .and_then(|v| v.parse().ok()),
-                sent_id: m.properties.get("__rmq.msgid").cloned(),
-            });
-        }
-    }
+    Ok(read_stored(addr, topic, queue)
+        .await?
+        .into_iter()
+        .map(|m| Held {
+            offset: m.offset,
+            body: m.body.to_vec(),
+            store_ms: m.store_timestamp_ms,
+            deliver_at_ms: m
+                .properties
+                .get(raftmq_proto::DELIVER_AT_PROPERTY)
+                .and_then(|v| v.parse().ok()),
+            sent_id: m.properties.get("__rmq.msgid").cloned(),
+        })
+        .collect())
 }
 
 /// `topic status` of `topic`: (messages readable, scheduled).

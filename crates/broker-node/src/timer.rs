@@ -143,6 +143,18 @@ impl Timer {
         gone.len()
     }
 
+    /// An index item as a [`Waiting`].
+    fn waiting(&self, &(at, loc): &(u64, Location), &(n, queue): &(u32, u32)) -> Waiting {
+        let (log_index, position) = unpack(loc);
+        Waiting {
+            deliver_at_ms: at,
+            log_index,
+            position,
+            topic: self.names[n as usize].clone(),
+            queue,
+        }
+    }
+
     /// Messages waiting.
     pub fn len(&self) -> usize {
         self.due.len()
@@ -167,16 +179,7 @@ impl Timer {
             .iter()
             .filter(|(k, _)| unpack(k.1).0 <= log_index)
             .take(max)
-            .map(|(&(at, loc), &(n, queue))| {
-                let (log_index, position) = unpack(loc);
-                Waiting {
-                    deliver_at_ms: at,
-                    log_index,
-                    position,
-                    topic: self.names[n as usize].clone(),
-                    queue,
-                }
-            })
+            .map(|(k, v)| self.waiting(k, v))
             .collect()
     }
 
@@ -192,16 +195,7 @@ impl Timer {
             .range(..(now_ms.saturating_add(1), 0))
             .filter(|(k, _)| !skip(k.1))
             .take(max)
-            .map(|(&(at, loc), &(n, queue))| {
-                let (log_index, position) = unpack(loc);
-                Waiting {
-                    deliver_at_ms: at,
-                    log_index,
-                    position,
-                    topic: self.names[n as usize].clone(),
-                    queue,
-                }
-            })
+            .map(|(k, v)| self.waiting(k, v))
             .collect()
     }
 

@@ -23,7 +23,7 @@ use raftmq_proto::v1::*;
 use rand::{Rng, SeedableRng};
 
 use super::{History, lock};
-use crate::{Cluster, SendOutcome, TestProducer, code, connect, send_until};
+use crate::{Cluster, SendOutcome, TestProducer, code, read_stored, send_until};
 
 pub const DELAY_TOPIC: &str = "hist-delay";
 /// Producer ids of the delay senders start here (apart from the workload's).
@@ -243,43 +243,21 @@ pub type DelayRead = BTreeMap<(u32, u64), (String, u64, Option<u64>)>;
 
 /// Reads every queue of [`DELAY_TOPIC`] from the node at `addr`.
 pub async fn read_delay(addr: &str) -> Result<DelayRead, String> {
-    let mut c = connect(addr).await;
     let mut out = BTreeMap::new();
     for q in 0..super::QUEUES {
-        let mut offset = 0;
-        loop {
-            let r = c
-                .pull(PullRequest {
-                    topic: DELAY_TOPIC.into(),
-                    queue: q,
-                    offset,
-                    max_messages: 500,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| s.to_string())?
-                .into_inner();
-            if code(&r.error) != ErrorCode::Ok {
-                return Err(format!("{addr} queue {q}: {:?}", r.error));
-            }
-            if r.messages.is_empty() {
-                break;
-            }
-            for m in r.messages {
-                offset = m.offset + 1;
-                let at = m
-                    .properties
-                    .get(raftmq_proto::DELIVER_AT_PROPERTY)
-                    .and_then(|v| v.parse().ok());
-                out.insert(
-                    (q, m.offset),
-                    (
-                        String::from_utf8_lossy(&m.body).into_owned(),
-                        m.store_timestamp_ms,
-                        at,
-                    ),
-                );
-            }
+        for m in read_stored(addr, DELAY_TOPIC, q).await? {
+            let at = m
+                .properties
+                .get(raftmq_proto::DELIVER_AT_PROPERTY)
+                .and_then(|v| v.parse().ok());
+            out.insert(
+                (q, m.offset),
+                (
+                    String::from_utf8_lossy(&m.body).into_owned(),
+                    m.store_timestamp_ms,
+                    at,
+                ),
+            );
         }
     }
     Ok(out)

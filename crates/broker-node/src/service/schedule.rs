@@ -102,16 +102,7 @@ impl Broker {
         id_property: String,
         a: &mut super::send::Awaiting,
     ) -> Result<SendResponse> {
-        let messages: Vec<StoredBody> = req
-            .messages
-            .into_iter()
-            .map(|m| StoredBody {
-                key: m.key,
-                tag: m.tag,
-                body: m.body,
-                properties: m.properties.into_iter().collect(),
-            })
-            .collect();
+        let messages = super::send::stored_bodies(req.messages);
         let cmd = Command::Schedule {
             topic: req.topic,
             queue: req.queue,

@@ -124,16 +124,7 @@ impl Broker {
             metrics::observe_send(t0.elapsed(), count);
             return Ok(r);
         }
-        let messages: Vec<StoredBody> = req
-            .messages
-            .into_iter()
-            .map(|m| StoredBody {
-                key: m.key,
-                tag: m.tag,
-                body: m.body,
-                properties: m.properties.into_iter().collect(),
-            })
-            .collect();
+        let messages = stored_bodies(req.messages);
         // A `SendOnce` (tag 12) only once every member applies it; until then every copy is
         // stored, as before.
         let id_property = (!req.dedup_property.is_empty()
@@ -281,6 +272,19 @@ impl Broker {
         };
         Ok(reply)
     }
+}
+
+/// A request's messages as the command stores them (no body is copied).
+pub(super) fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody> {
+    messages
+        .into_iter()
+        .map(|m| StoredBody {
+            key: m.key,
+            tag: m.tag,
+            body: m.body,
+            properties: m.properties.into_iter().collect(),
+        })
+        .collect()
 }
 
 /// The tag of `Command::SendOnce`: a group applies it once every member's level is above it.

@@ -195,6 +195,16 @@ async fn t28_1_schedule_refusals_visibility_and_recall() {
             }
         }
     }
+    // `msg get` finds a scheduled message by its id before its time: waiting, no offset.
+    let got = must(&ns, &["msg", "get", "--topic", "d", "--id", &late_id]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["scheduled"], true, "{}", got[0]);
+    assert_eq!(
+        got[0]["deliver_at_ms"], late[0]["deliver_at_ms"],
+        "{}",
+        got[0]
+    );
+    assert_eq!(num(&got[0], "offset"), 0, "{}", got[0]);
     let r = must(&ns, &["msg", "recall", "--topic", "d", "--id", &late_id]);
     assert_eq!(r[0]["recalled"], true, "{}", r[0]);
     let (ok, _, err) = raftmq(&ns, &["msg", "recall", "--topic", "d", "--id", &late_id]);
@@ -215,6 +225,19 @@ async fn t28_1_schedule_refusals_visibility_and_recall() {
     })
     .await;
     let seen = now_ms();
+    // Delivered, a message is found under the id its send returned, in its queue.
+    let first_id = acks[0]["msg_id"].as_str().unwrap();
+    let got = must(&ns, &["msg", "get", "--topic", "d", "--id", first_id]);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].get("scheduled").is_none(), "{}", got[0]);
+    assert!(
+        num(&got[0], "store_ms") >= num(&acks[0], "deliver_at_ms"),
+        "{}",
+        got[0]
+    );
+    // A recalled message is found no more.
+    let (ok, _, err) = raftmq(&ns, &["msg", "get", "--topic", "d", "--id", &late_id]);
+    assert!(!ok && err.contains("no message with id"), "{err}");
     for a in &addrs {
         let mut got = Vec::new();
         wait_for("a replica holds the 20", Duration::from_secs(20), || {

@@ -289,6 +289,7 @@ mod tests {
             properties: stored.properties.clone(),
             store_timestamp_ms: 1_700_000_001_000,
             log_index: 9,
+            scheduled: false,
         };
         let d = Delivery {
             receipt_handle: "rh-1".into(),
@@ -366,6 +367,7 @@ mod tests {
             properties: HashMap::from([("a".to_string(), "b".to_string())]),
             store_timestamp_ms: 5_000,
             log_index: 1,
+            scheduled: false,
         };
         let topic = pb::Resource {
             resource_namespace: String::new(),

@@ -156,6 +156,10 @@ impl Broker {
             n => n.min(FIND_LIMIT_MAX),
         } as usize;
         let topic = req.topic.as_str();
+        let own_id_asked = match &by {
+            By::MsgId(id) => parse_msg_id(&self.node.cfg.broker, id).map(|_| id.clone()),
+            _ => None,
+        };
         // Candidates (queue, offset, count): runs of offsets to read, each message checked once
         // read.
         type Check = Box<dyn Fn(&StoredMessage) -> bool + Send>;
@@ -234,6 +238,13 @@ impl Broker {
         for (queue, offset, count) in candidates {
             let (msgs, _) = self.read_messages(topic, queue, offset, count)?;
             found.extend(msgs.into_iter().filter(|m| check(m)));
+        }
+        // A scheduled message's id, before it is delivered: it waits in the timer.
+        if found.is_empty()
+            && let Some(id) = &own_id_asked
+            && let Some(m) = self.scheduled_message(topic, id)?
+        {
+            found.push(m);
         }
         found.sort_by_key(|m| (m.store_timestamp_ms, m.queue, m.offset));
         if found.len() > limit {

@@ -157,6 +157,7 @@ impl Broker {
                         .collect(),
                     store_timestamp_ms: timestamp_ms,
                     log_index: r.log_index,
+                    scheduled: false,
                 });
             }
             o = r.first_offset + r.count as u64;

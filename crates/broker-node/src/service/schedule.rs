@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftmq_proto::v1::{SendRequest, SendResponse, SendResult};
+use raftmq_proto::v1::{SendRequest, SendResponse, SendResult, StoredMessage};
 use raftmq_raft_log::Role;
 
 use super::Broker;
@@ -191,6 +191,52 @@ impl Broker {
             Reply::NotScheduled(_) => Err(not_waiting().into()),
             reply => Err(unexpected(reply)),
         }
+    }
+
+    /// The scheduled message named by raftmq id `id` when it still waits in `topic`: as stored,
+    /// with `scheduled` set, offset 0 and the time of the send that stored it.
+    pub(super) fn scheduled_message(&self, topic: &str, id: &str) -> Result<Option<StoredMessage>> {
+        let Some((log_index, position)) = super::inspect::parse_msg_id(&self.node.cfg.broker, id)
+        else {
+            return Ok(None);
+        };
+        let Some((at, queue)) = self.scheduled_at(log_index, position, topic)? else {
+            return Ok(None);
+        };
+        let w = Waiting {
+            deliver_at_ms: at,
+            log_index,
+            position,
+            topic: Arc::from(topic),
+            queue,
+        };
+        let Some(m) = self.read_waiting(&[w])?.pop() else {
+            return Ok(None);
+        };
+        let stored_ms = self
+            .node
+            .member
+            .read_entries(log_index, log_index + 1)
+            .ok()
+            .and_then(|e| e.into_iter().next())
+            .and_then(|(_, d)| d)
+            .and_then(|d| match CommandView::view(&d) {
+                Ok(CommandView::Schedule { timestamp_ms, .. }) => Some(timestamp_ms),
+                _ => None,
+            })
+            .unwrap_or(0);
+        Ok(Some(StoredMessage {
+            queue,
+            offset: 0,
+            msg_id: id.to_string(),
+            key: m.key,
+            tag: m.tag,
+            body: m.body,
+            properties: m.properties.into_iter().collect(),
+            store_timestamp_ms: stored_ms,
+            log_index,
+            scheduled: true,
+        }))
     }
 
     /// The delivery time and queue of the message at (`log_index`, `position`) when it is a

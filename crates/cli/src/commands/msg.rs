@@ -58,6 +58,20 @@ pub fn message_json(topic: &str, broker: &str, m: &StoredMessage) -> Value {
         "store_ms": m.store_timestamp_ms,
         "bytes": m.body.len(),
     });
+    if m.scheduled
+        && let Some(o) = v.as_object_mut()
+    {
+        // Not delivered yet: no offset; readable from deliver_at_ms on.
+        o.insert("scheduled".into(), json!(true));
+        o.insert(
+            "deliver_at_ms".into(),
+            json!(
+                m.properties
+                    .get(raftmq_proto::DELIVER_AT_PROPERTY)
+                    .and_then(|v| v.parse::<u64>().ok())
+            ),
+        );
+    }
     if let Some(o) = v.as_object_mut() {
         o.insert(body_key.into(), json!(body));
     }

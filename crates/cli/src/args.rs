@@ -297,6 +297,10 @@ pub struct ProduceArgs {
     /// 500ms, 5m, 2h, 1d.
     #[arg(long)]
     pub delay: Option<String>,
+    /// The messages' message group (a FIFO topic needs one): one group goes to one queue, in
+    /// order (it is the key too, unless --key is given).
+    #[arg(long)]
+    pub message_group: Option<String>,
     /// With --delay: spread the delivery times evenly over this much more, message i of N at
     /// delay + spread × i / N (e.g. --delay 5s --delay-spread 30s).
     #[arg(long, requires = "delay")]

@@ -86,6 +86,16 @@ impl Message {
         self
     }
 
+    /// The message's message group (a FIFO topic needs one): messages of one group go to one
+    /// queue, in order. It is the routing key too, unless the message has a key.
+    pub fn message_group(mut self, group: impl Into<String>) -> Self {
+        let group = group.into();
+        if self.key.is_empty() {
+            self.key = group.clone();
+        }
+        self.with_property(raftmq_proto::MESSAGE_GROUP_PROPERTY, group)
+    }
+
     /// Schedules the message (a DELAY topic): stored now, readable from `ms` since the epoch on.
     /// A time in the past is delivered at once.
     pub fn deliver_at_ms(self, ms: u64) -> Self {

@@ -20,6 +20,10 @@ pub mod v1 {
 /// that time on.
 pub const DELIVER_AT_PROPERTY: &str = "__rmq.deliver_at";
 
+/// The message property holding a message's message group (FIFO topics): every message sent to a
+/// FIFO topic carries one; messages of one group go to one queue, in order.
+pub const MESSAGE_GROUP_PROPERTY: &str = "__rmq.mgroup";
+
 /// The parts of a raftmq message id, `{broker}-{log_index:016X}-{position:04X}`: the broker
 /// group (which may itself hold dashes), the log index of its entry, and its position there.
 pub fn split_msg_id(id: &str) -> Option<(&str, u64, u32)> {

@@ -37,7 +37,7 @@ const P_BORN_HOST: &str = "__rmq.born_host";
 const P_ENC: &str = "__rmq.enc";
 const P_TYPE: &str = "__rmq.type";
 pub const P_KEYS: &str = "__rmq.keys";
-const P_MGROUP: &str = "__rmq.mgroup";
+const P_MGROUP: &str = raftmq_proto::MESSAGE_GROUP_PROPERTY;
 /// Separator of `__rmq.keys` (a key may contain spaces, never this).
 pub const KEYS_SEP: char = '\u{1}';
 

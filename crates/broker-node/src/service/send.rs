@@ -102,6 +102,7 @@ impl Broker {
         // A DELAY topic's batch waits in the timer (`Schedule`); a delivery time on any other
         // topic is refused.
         let topic_type = self.node.state_value(|s| s.topic_type(&req.topic));
+        check_message_groups(&req, topic_type)?;
         let times = super::schedule::delivery_times(
             &req,
             topic_type,
@@ -274,6 +275,32 @@ impl Broker {
     }
 }
 
+/// `raftmq.v1.TopicMessageType.FIFO`.
+const TYPE_FIFO: u32 = 1;
+
+/// Every message sent to a FIFO topic names its message group
+/// ([`raftmq_proto::MESSAGE_GROUP_PROPERTY`]).
+pub fn check_message_groups(req: &SendRequest, topic_type: u32) -> Result<(), Refused> {
+    if topic_type != TYPE_FIFO {
+        return Ok(());
+    }
+    match req.messages.iter().position(|m| {
+        m.properties
+            .get(raftmq_proto::MESSAGE_GROUP_PROPERTY)
+            .is_none_or(|g| g.is_empty())
+    }) {
+        None => Ok(()),
+        Some(i) => Err(Refused::InvalidArgument {
+            reason: format!(
+                "message {i}: topic {} is a FIFO topic, so each message needs a message group \
+                 (property {}; raftmq produce --message-group G)",
+                req.topic,
+                raftmq_proto::MESSAGE_GROUP_PROPERTY
+            ),
+        }),
+    }
+}
+
 /// A request's messages as the command stores them (no body is copied).
 pub(super) fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody> {
     messages
@@ -327,6 +354,30 @@ mod tests {
     use raftmq_proto::v1::Message;
 
     use super::*;
+
+    #[test]
+    fn a_fifo_topic_needs_a_message_group_on_every_message() {
+        let mut grouped = Message::default();
+        grouped
+            .properties
+            .insert(raftmq_proto::MESSAGE_GROUP_PROPERTY.into(), "g".into());
+        let req = |ms: Vec<Message>| SendRequest {
+            topic: "f".into(),
+            messages: ms,
+            ..Default::default()
+        };
+        assert!(check_message_groups(&req(vec![grouped.clone()]), TYPE_FIFO).is_ok());
+        assert!(check_message_groups(&req(vec![Message::default()]), 0).is_ok());
+        let e = check_message_groups(&req(vec![grouped, Message::default()]), TYPE_FIFO)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "message 1: topic f is a FIFO topic, so each message needs a message group"
+            ),
+            "{e}"
+        );
+    }
 
     /// Small limits, so each boundary is cheap to reach.
     fn limits() -> Limits {

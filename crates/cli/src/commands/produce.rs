@@ -130,6 +130,9 @@ pub async fn run(nameserver: &str, json: bool, args: ProduceArgs) -> Result<()> 
                         if let Some(t) = &args.tag {
                             m = m.with_tag(t.clone());
                         }
+                        if let Some(g) = &args.message_group {
+                            m = m.message_group(g.clone());
+                        }
                         if let Some(at) = schedule.deliver_at(total - 1, args.count.unwrap_or(1)) {
                             m = m.deliver_at_ms(at);
                         }

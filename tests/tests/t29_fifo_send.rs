@@ -1,0 +1,82 @@
+//! Sends to a FIFO topic through raftmq's own API and command line: a message without a message
+//! group is refused, naming the rule, and nothing is stored; `produce --message-group` puts one
+//! group's messages in one queue, in the order sent.
+
+use std::time::Duration;
+
+use raftmq_tests::*;
+use serde_json::Value;
+
+fn num(v: &Value, k: &str) -> u64 {
+    v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+fn messages(ns: &str, topic: &str) -> Result<u64, String> {
+    match raftmq_json(ns, &["topic", "status", topic]) {
+        (true, lines, _) if lines.len() == 1 => Ok(num(&lines[0], "messages")),
+        (_, _, err) => Err(err),
+    }
+}
+
+/// 29.1 A FIFO topic refuses a message without a message group and stores nothing; messages of
+///      one group go to one queue, in the order sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t29_1_a_fifo_topic_needs_a_message_group_and_keeps_its_order() {
+    let c = Cluster::start(3, &["--register-interval-ms", "500"]).await;
+    let ns = c.nameserver.clone();
+    let (ok, _, err) = raftmq_json(
+        &ns,
+        &["topic", "create", "f", "--type", "fifo", "--queues", "4"],
+    );
+    assert!(ok, "{err}");
+    wait_for("the topic routed", Duration::from_secs(20), || {
+        let ns = ns.clone();
+        async move { messages(&ns, "f") }
+    })
+    .await;
+    let (ok, _, err) = raftmq_json(
+        &ns,
+        &["produce", "--topic", "f", "--count", "2", "--size", "8"],
+    );
+    assert!(
+        !ok && err.contains("is a FIFO topic, so each message needs a message group"),
+        "{err}"
+    );
+    assert_eq!(messages(&ns, "f").unwrap(), 0, "nothing stored");
+
+    let (ok, acks, err) = raftmq_json(
+        &ns,
+        &[
+            "produce",
+            "--topic",
+            "f",
+            "--count",
+            "20",
+            "--size",
+            "16",
+            "--message-group",
+            "order-7",
+            "--inflight",
+            "1",
+        ],
+    );
+    assert!(ok && acks.len() == 20, "{err}");
+    let queues: std::collections::BTreeSet<u64> = acks.iter().map(|a| num(a, "queue")).collect();
+    assert_eq!(queues.len(), 1, "one group, one queue: {queues:?}");
+    let q = *queues.first().unwrap() as u32;
+    let held = read_stored(&c.addrs()[0], "f", q).await.unwrap();
+    let bodies: Vec<String> = held
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("msg-{i}-")).collect();
+    assert_eq!(bodies.len(), 20);
+    for (b, e) in bodies.iter().zip(&expected) {
+        assert!(b.starts_with(e.as_str()), "{bodies:?}");
+    }
+    assert!(held.iter().all(|m| {
+        m.properties
+            .get(raftmq_proto::MESSAGE_GROUP_PROPERTY)
+            .is_some_and(|g| g == "order-7")
+    }));
+}

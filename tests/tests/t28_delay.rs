@@ -10,16 +10,26 @@
 //!   holds the same queues. Lateness is printed as a table (no timed assertion).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use raftmq_tests::*;
 use serde_json::Value;
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+use raftmq_tests::history::pop::wall_ms as now_ms;
+
+/// Waits until `topic status` answers for every one of `topics` (created, and routed).
+async fn wait_routed(ns: &str, topics: &[&str]) {
+    wait_for(
+        "the topics routed",
+        Duration::from_secs(20),
+        || async move {
+            for t in topics {
+                readable_and_scheduled(ns, t)?;
+            }
+            Ok::<(), String>(())
+        },
+    )
+    .await;
 }
 
 /// `raftmq ARGS --json` against the cluster's nameserver: success, JSON lines, stderr.
@@ -94,14 +104,7 @@ async fn t28_1_schedule_refusals_visibility_and_recall() {
         &["topic", "create", "d", "--type", "delay", "--queues", "2"],
     );
     must(&ns, &["topic", "create", "n", "--queues", "1"]);
-    wait_for("both topics routed", Duration::from_secs(20), || {
-        let ns = ns.clone();
-        async move {
-            readable_and_scheduled(&ns, "d")?;
-            readable_and_scheduled(&ns, "n")
-        }
-    })
-    .await;
+    wait_routed(&ns, &["d", "n"]).await;
 
     // A delivery time on a NORMAL topic; beyond the 40-day horizon; a malformed duration.
     let (ok, _, err) = raftmq(
@@ -288,11 +291,7 @@ async fn t28_2_scheduled_messages_survive_leader_kill_and_power_loss() {
             "topic", "create", "sched", "--type", "delay", "--queues", "4",
         ],
     );
-    wait_for("the topic routed", Duration::from_secs(20), || {
-        let ns = ns.clone();
-        async move { readable_and_scheduled(&ns, "sched") }
-    })
-    .await;
+    wait_routed(&ns, &["sched"]).await;
     let n = N.to_string();
     let t0 = now_ms();
     let acks = must(
@@ -471,14 +470,7 @@ async fn t28_3_retention_moves_waiting_messages_instead_of_losing_them() {
         ],
     );
     must(&ns, &["topic", "create", "fill", "--queues", "2"]);
-    wait_for("the topics routed", Duration::from_secs(20), || {
-        let ns = ns.clone();
-        async move {
-            readable_and_scheduled(&ns, "later")?;
-            readable_and_scheduled(&ns, "fill")
-        }
-    })
-    .await;
+    wait_routed(&ns, &["later", "fill"]).await;
     let acks = must(
         &ns,
         &[

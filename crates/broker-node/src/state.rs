@@ -389,6 +389,8 @@ pub struct BrokerState {
 /// has no offset until delivered).
 pub const SCHEDULED: u64 = u64::MAX;
 
+/// `raftmq.v1.TopicMessageType.FIFO`.
+pub const TYPE_FIFO: u32 = 1;
 /// `raftmq.v1.TopicMessageType.DELAY`.
 pub const TYPE_DELAY: u32 = 2;
 

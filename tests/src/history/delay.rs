@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use raftmq_proto::v1::*;
 use rand::{Rng, SeedableRng};
 
+use super::pop::wall_ms;
 use super::{History, lock};
 use crate::{Cluster, SendOutcome, TestProducer, code, read_stored, send_until};
 
@@ -114,12 +115,6 @@ impl std::fmt::Display for DelayReport {
             self.settled.map_or(f64::NAN, |d| d.as_secs_f64())
         )
     }
-}
-
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Creates [`DELAY_TOPIC`] (type DELAY) on the leader, retrying through elections.

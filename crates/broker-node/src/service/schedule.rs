@@ -174,9 +174,10 @@ impl Broker {
             id: id.to_string(),
             topic: topic.to_string(),
         };
-        let (at, queue) = self
-            .scheduled_at(log_index, position, topic)?
+        let (w, _, _) = self
+            .scheduled(log_index, position, topic)?
             .ok_or_else(not_waiting)?;
+        let (at, queue) = (w.deliver_at_ms, w.queue);
         let (_, reply) = self
             .propose(Command::Recall {
                 topic: topic.to_string(),
@@ -200,33 +201,12 @@ impl Broker {
         else {
             return Ok(None);
         };
-        let Some((at, queue)) = self.scheduled_at(log_index, position, topic)? else {
+        let Some((w, stored_ms, data)) = self.scheduled(log_index, position, topic)? else {
             return Ok(None);
         };
-        let w = Waiting {
-            deliver_at_ms: at,
-            log_index,
-            position,
-            topic: Arc::from(topic),
-            queue,
-        };
-        let Some(m) = self.read_waiting(&[w])?.pop() else {
-            return Ok(None);
-        };
-        let stored_ms = self
-            .node
-            .member
-            .read_entries(log_index, log_index + 1)
-            .ok()
-            .and_then(|e| e.into_iter().next())
-            .and_then(|(_, d)| d)
-            .and_then(|d| match CommandView::view(&d) {
-                Ok(CommandView::Schedule { timestamp_ms, .. }) => Some(timestamp_ms),
-                _ => None,
-            })
-            .unwrap_or(0);
+        let m = self.body_of(&data, &w)?;
         Ok(Some(StoredMessage {
-            queue,
+            queue: w.queue,
             offset: 0,
             msg_id: id.to_string(),
             key: m.key,
@@ -239,28 +219,21 @@ impl Broker {
         }))
     }
 
-    /// The delivery time and queue of the message at (`log_index`, `position`) when it is a
-    /// message of `topic` still waiting; read from its `Schedule` entry.
-    fn scheduled_at(
+    /// The message at (`log_index`, `position`) when it is a message of `topic` still waiting:
+    /// where it waits, the store time of its `Schedule` entry, and that entry (read once).
+    fn scheduled(
         &self,
         log_index: u64,
         position: u32,
         topic: &str,
-    ) -> Result<Option<(u64, u32)>> {
-        let entries = self
-            .node
-            .member
-            .read_entries(log_index, log_index + 1)
-            .map_err(|err| Internal::ReadLog {
-                index: log_index,
-                reason: err.to_string(),
-            })?;
-        let Some((_, Some(data))) = entries.into_iter().next() else {
+    ) -> Result<Option<(Waiting, u64, bytes::Bytes)>> {
+        let Some(data) = self.read_entry(log_index)? else {
             return Ok(None);
         };
         let Ok(CommandView::Schedule {
             topic: t,
             queue,
+            timestamp_ms,
             deliver_at_ms,
             ..
         }) = CommandView::view(&data)
@@ -274,7 +247,27 @@ impl Broker {
             && self
                 .node
                 .state_value(|s| s.timer.holds(at, (log_index, position), topic, queue));
-        Ok(waits.then_some((at, queue)))
+        let w = Waiting {
+            deliver_at_ms: at,
+            log_index,
+            position,
+            topic: Arc::from(topic),
+            queue,
+        };
+        Ok(waits.then_some((w, timestamp_ms, data)))
+    }
+
+    /// The entry at `index`, if this node's log holds it.
+    fn read_entry(&self, index: u64) -> Result<Option<bytes::Bytes>> {
+        let entries = self
+            .node
+            .member
+            .read_entries(index, index + 1)
+            .map_err(|err| Internal::ReadLog {
+                index,
+                reason: err.to_string(),
+            })?;
+        Ok(entries.into_iter().next().and_then(|(_, d)| d))
     }
 
     /// One round of the leader's deliverer: proposes a `Deliver` for every queue with messages
@@ -313,9 +306,7 @@ impl Broker {
         Ok(delivered)
     }
 
-    /// The messages of `waiting`, read out of their `Schedule` entries (one read per entry),
-    /// each with the id its send returned in `__rmq.msgid` (unless a client set its own), so a
-    /// delivered or rolled message keeps that id.
+    /// The messages of `waiting`, read out of their `Schedule` entries (one read per entry).
     fn read_waiting(&self, waiting: &[Waiting]) -> Result<Vec<StoredBody>> {
         let mut out = Vec::with_capacity(waiting.len());
         let mut cache: Option<(u64, bytes::Bytes)> = None;
@@ -323,50 +314,47 @@ impl Broker {
             let data = match &cache {
                 Some((i, d)) if *i == w.log_index => d.clone(),
                 _ => {
-                    let entries = self
-                        .node
-                        .member
-                        .read_entries(w.log_index, w.log_index + 1)
-                        .map_err(|err| Internal::ReadLog {
-                            index: w.log_index,
-                            reason: err.to_string(),
-                        })?;
-                    let Some((_, Some(d))) = entries.into_iter().next() else {
-                        return Err(Internal::ReadLog {
+                    let d = self
+                        .read_entry(w.log_index)?
+                        .ok_or_else(|| Internal::ReadLog {
                             index: w.log_index,
                             reason: "a scheduled message's entry is not in the log".into(),
-                        }
-                        .into());
-                    };
+                        })?;
                     cache = Some((w.log_index, d.clone()));
                     d
                 }
             };
-            let Ok(CommandView::Schedule { messages: ms, .. }) = CommandView::view(&data) else {
-                return Err(Internal::NotASend { index: w.log_index }.into());
-            };
-            let Some(m) = ms.get(w.position as usize) else {
-                return Err(Internal::NotASend { index: w.log_index }.into());
-            };
-            let mut properties: Vec<(String, String)> = m
-                .properties
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            if !properties.iter().any(|(k, _)| k == P_MSGID) {
-                properties.push((
-                    P_MSGID.to_string(),
-                    msg_id(&self.node.cfg.broker, w.log_index, w.position),
-                ));
-            }
-            out.push(StoredBody {
-                key: m.key.to_string(),
-                tag: m.tag.to_string(),
-                body: data.slice_ref(m.body),
-                properties,
-            });
+            out.push(self.body_of(&data, w)?);
         }
         Ok(out)
+    }
+
+    /// The message `w` names in its `Schedule` entry `data`, with the id its send returned in
+    /// `__rmq.msgid` (unless a client set its own), so a delivered or rolled message keeps it.
+    fn body_of(&self, data: &bytes::Bytes, w: &Waiting) -> Result<StoredBody> {
+        let Ok(CommandView::Schedule { messages: ms, .. }) = CommandView::view(data) else {
+            return Err(Internal::NotASend { index: w.log_index }.into());
+        };
+        let Some(m) = ms.get(w.position as usize) else {
+            return Err(Internal::NotASend { index: w.log_index }.into());
+        };
+        let mut properties: Vec<(String, String)> = m
+            .properties
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if !properties.iter().any(|(k, _)| k == P_MSGID) {
+            properties.push((
+                P_MSGID.to_string(),
+                msg_id(&self.node.cfg.broker, w.log_index, w.position),
+            ));
+        }
+        Ok(StoredBody {
+            key: m.key.to_string(),
+            tag: m.tag.to_string(),
+            body: data.slice_ref(m.body),
+            properties,
+        })
     }
 
     /// Reads the messages of `waiting` and proposes one `Deliver` per [`DELIVER_BYTES_MAX`] of

@@ -275,13 +275,10 @@ impl Broker {
     }
 }
 
-/// `raftmq.v1.TopicMessageType.FIFO`.
-const TYPE_FIFO: u32 = 1;
-
 /// Every message sent to a FIFO topic names its message group
 /// ([`raftmq_proto::MESSAGE_GROUP_PROPERTY`]).
 pub fn check_message_groups(req: &SendRequest, topic_type: u32) -> Result<(), Refused> {
-    if topic_type != TYPE_FIFO {
+    if topic_type != crate::state::TYPE_FIFO {
         return Ok(());
     }
     match req.messages.iter().position(|m| {
@@ -366,11 +363,14 @@ mod tests {
             messages: ms,
             ..Default::default()
         };
-        assert!(check_message_groups(&req(vec![grouped.clone()]), TYPE_FIFO).is_ok());
+        assert!(check_message_groups(&req(vec![grouped.clone()]), crate::state::TYPE_FIFO).is_ok());
         assert!(check_message_groups(&req(vec![Message::default()]), 0).is_ok());
-        let e = check_message_groups(&req(vec![grouped, Message::default()]), TYPE_FIFO)
-            .unwrap_err()
-            .to_string();
+        let e = check_message_groups(
+            &req(vec![grouped, Message::default()]),
+            crate::state::TYPE_FIFO,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with(
                 "message 1: topic f is a FIFO topic, so each message needs a message group"

@@ -470,16 +470,26 @@ async fn t84_change_invisible_then_ack_with_new_handle_not_redelivered() {
 
 /// Creates consumer group `name` with `max_attempts` on the leader (v1 CreateGroup).
 async fn create_group(c: &Cluster, name: &str, max_attempts: u32) {
+    create_group_with(
+        c,
+        GroupConfig {
+            name: name.into(),
+            max_attempts,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Creates the consumer group `cfg` on the leader (v1 CreateGroup).
+async fn create_group_with(c: &Cluster, cfg: GroupConfig) {
+    let name = cfg.name.clone();
     let leader = c.leader().await;
     let r = c
         .client(leader)
         .await
         .create_group(CreateGroupRequest {
-            group: Some(GroupConfig {
-                name: name.into(),
-                max_attempts,
-                ..Default::default()
-            }),
+            group: Some(cfg),
             update: false,
         })
         .await
@@ -1018,4 +1028,137 @@ async fn t80_delay_messages_arrive_not_before_their_time_and_recall_works() {
         late.len()
     );
     println!("t80: refusals: {normal} / {far}");
+}
+
+/// FIFO message groups with the official client: 4 groups × 6 messages, interleaved, on a FIFO
+/// topic of 2 queues; three SimpleConsumers of a FIFO consumer group receive concurrently, and
+/// one consume fails (g0's message 2 is not acknowledged). Every message is acknowledged once, in
+/// its group's order; a group's next message is handed out only after the one before it was
+/// acknowledged (its receive returned after that ack was sent); g0 waits for the failed message's
+/// redelivery (attempt 2) while the other groups go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_fifo_message_groups_in_order_while_one_waits_for_its_redelivery() {
+    let c = Cluster::start(3, &REGISTER_EVERY).await;
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(CreateTopicRequest {
+            name: "rmq5-fifo".into(),
+            queues: 2,
+            update: false,
+            message_type: TopicMessageType::Fifo as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    create_group_with(
+        &c,
+        GroupConfig {
+            name: "rmq5-fifo-group".into(),
+            fifo: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let (groups, per_group) = (4usize, 6u64);
+    let out = run_script(
+        &c,
+        "fifo.py",
+        &args(&[
+            ("topic", "rmq5-fifo"),
+            ("group", "rmq5-fifo-group"),
+            ("groups", &groups.to_string()),
+            ("per-group", &per_group.to_string()),
+            ("consumers", "3"),
+            ("fail-seq", "2"),
+            ("invisible-seconds", "3"),
+            ("max-seconds", "90"),
+        ]),
+        Duration::from_secs(150),
+    )
+    .await;
+    assert!(
+        list(&out, "errors").is_empty(),
+        "errors: {}\n{}",
+        out["errors"],
+        diagnostics(&c)
+    );
+    assert_eq!(
+        list(&out, "sent").len(),
+        groups * per_group as usize,
+        "{out}"
+    );
+    assert_eq!(out["all_acked"], true, "{out}");
+    let mut received: Vec<&Value> = list(&out, "received").iter().collect();
+    received.sort_by_key(|e| e["at_ms"].as_u64());
+    // Per message group: its events in time order.
+    let mut by_group: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
+    for e in &received {
+        let g = e["group"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no group: {e}"));
+        assert!(str_of(e, "body").starts_with(&format!("{g}-")), "{e}");
+        assert_eq!(e["message_type"], 2, "a FIFO message: {e}");
+        by_group.entry(g).or_default().push(e);
+    }
+    assert_eq!(by_group.len(), groups);
+    for (g, events) in &by_group {
+        let acked: Vec<u64> = events
+            .iter()
+            .filter(|e| e["acked"] == true)
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            acked,
+            (0..per_group).collect::<Vec<_>>(),
+            "{g}: every message acknowledged once, in order"
+        );
+        // Message k is received only after message k-1's ack was sent.
+        let ack_of = |k: u64| {
+            events
+                .iter()
+                .find(|e| e["seq"] == k && e["acked"] == true)
+                .and_then(|e| e["ack_ms"].as_u64())
+                .unwrap()
+        };
+        for e in events {
+            let k = e["seq"].as_u64().unwrap();
+            if k > 0 {
+                let before = ack_of(k - 1);
+                let at = e["at_ms"].as_u64().unwrap();
+                assert!(
+                    at >= before,
+                    "{g}: message {k} received at {at}, before message {} was acknowledged at \
+                     {before}:\n{}",
+                    k - 1,
+                    serde_json::to_string_pretty(events).unwrap()
+                );
+            }
+        }
+    }
+    // The failed consume: g0-2 came again with attempt 2, and meanwhile the others went on.
+    let g0 = &by_group["g0"];
+    let failed = g0.iter().find(|e| e["failed_on_purpose"] == true).unwrap();
+    let again = g0
+        .iter()
+        .find(|e| e["seq"] == 2 && e["acked"] == true)
+        .unwrap();
+    assert_eq!(again["attempt"], 2, "{again}");
+    let (from, to) = (failed["at_ms"].as_u64(), again["at_ms"].as_u64());
+    let others = received
+        .iter()
+        .filter(|e| e["group"] != "g0" && e["at_ms"].as_u64() > from && e["at_ms"].as_u64() < to)
+        .count();
+    assert!(
+        others > 0,
+        "no other group's message arrived while g0 waited for its redelivery"
+    );
+    println!(
+        "fifo: {} receives; g0 waited {} ms for its redelivery while {others} other messages \
+         arrived",
+        received.len(),
+        to.unwrap() - from.unwrap()
+    );
 }

@@ -7,7 +7,7 @@
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
 //! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13, `Schedule` 14,
-//! `Deliver` 15, `Recall` 16), then the
+//! `Deliver` 15, `Recall` 16, `PopFifo` 17), then the
 //! variant's fields in
 //! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
 //! length then the bytes, a vector a varint count then its items. A `Send` is
@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 17;
+pub const COMMAND_TAGS: u32 = 18;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -249,6 +249,20 @@ pub enum CommandOf<B> {
         deliver_at_ms: u64,
         log_index: u64,
         position: u32,
+    },
+    /// A `Pop` of a FIFO consumer group: each pick (queue, offset, message-group hash) is handed
+    /// out only while no earlier message of its group is in flight on that queue (hash 0: a
+    /// message without a group, never held back), and may lie past `advance`, which stops at
+    /// the first message whose group is held. Apply keeps per queue which group holds which
+    /// offset and what was handed out past the cursor ([`crate::pop::FifoQueue`]).
+    PopFifo {
+        group: String,
+        topic: String,
+        now_ms: u64,
+        invisible_ms: u64,
+        create_group: bool,
+        picks: Vec<(u32, u64, u32)>,
+        advance: Vec<(u32, u64)>,
     },
 }
 

@@ -20,7 +20,7 @@
 //!   choice against this state, so apply never depends on the consume-queue index (which is not in
 //!   snapshots and differs between a replica that restarted and one that did not).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -98,6 +98,29 @@ pub struct PopQueue {
 /// (group, topic, queue).
 pub type PopKey = (String, String, u32);
 
+/// A FIFO group's order on one queue: the next message of a message group is handed out only
+/// once the one before it is acknowledged or dead-lettered; other message groups of the queue go
+/// on meanwhile. In snapshots from format 4 (after the sent ids): never reorder or change.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FifoQueue {
+    /// Message-group hash ([`group_hash`]) → the offset of its message in flight: one at most.
+    pub holding: BTreeMap<u32, u64>,
+    /// Offsets at or above the cursor that were handed out already (in flight or finished): the
+    /// cursor stops at the first message whose group is held, and later groups' messages are
+    /// handed out past it.
+    pub ahead: BTreeSet<u64>,
+}
+
+/// The message-group hash of a FIFO message: FNV-1a, 32 bits, never 0 (0 marks a message
+/// without a group, which no order holds back). Two groups sharing a hash are ordered together:
+/// slower, never out of order.
+pub fn group_hash(group: &str) -> u32 {
+    if group.is_empty() {
+        return 0;
+    }
+    crate::lookup::fingerprint(group).max(1)
+}
+
 /// All POP state of a broker group. In snapshots: never reorder or change the fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PopState {
@@ -110,6 +133,22 @@ pub struct PopState {
     pub dead_letters: BTreeMap<(String, String, u32, u64), u32>,
     /// Messages stored in a dead-letter topic so far.
     pub dead_lettered: u64,
+    /// FIFO groups' order per queue ([`FifoQueue`]). In version-4 snapshots after the sent ids,
+    /// not inside this struct's encoding, so a version-3 body still decodes.
+    #[serde(skip)]
+    pub fifo: BTreeMap<PopKey, FifoQueue>,
+}
+
+/// What every receive entry names: its index, group, topic, stamped clock, invisible time, and
+/// whether it may create the group.
+#[derive(Debug, Clone, Copy)]
+pub struct PopReq<'a> {
+    pub index: u64,
+    pub group: &'a str,
+    pub topic: &'a str,
+    pub now_ms: u64,
+    pub invisible_ms: u64,
+    pub create_group: bool,
 }
 
 /// A queue's offsets as the topic holds them: (lowest still served, next to be written).
@@ -139,6 +178,7 @@ impl PopState {
         if !self.groups.contains_key(group) && !self.queues.contains_key(&key) {
             return Reply::GroupNotFound(group.to_string());
         }
+        self.fifo.remove(&key);
         let q = self.queues.entry(key).or_default();
         q.next = offset.clamp(min, next);
         q.inflight.clear();
@@ -192,6 +232,51 @@ impl PopState {
         advance: &[(u32, u64)],
         bounds: impl Fn(u32) -> Option<Bounds>,
     ) -> Reply {
+        let picks: Vec<(u32, u64, Option<u32>)> =
+            picks.iter().map(|&(q, o)| (q, o, None)).collect();
+        let req = PopReq {
+            index,
+            group,
+            topic,
+            now_ms,
+            invisible_ms,
+            create_group,
+        };
+        self.hand_out(req, &picks, advance, bounds)
+    }
+
+    /// Applies a `PopFifo` (see [`crate::command::CommandOf::PopFifo`]): as [`Self::pop`], each
+    /// new pick with its message-group hash, handed out only while no message of its group is in
+    /// flight on that queue; a pick may lie past `advance` (the cursor stops at a held group's
+    /// message while later groups go on).
+    pub fn pop_fifo(
+        &mut self,
+        req: PopReq,
+        picks: &[(u32, u64, u32)],
+        advance: &[(u32, u64)],
+        bounds: impl Fn(u32) -> Option<Bounds>,
+    ) -> Reply {
+        let picks: Vec<(u32, u64, Option<u32>)> =
+            picks.iter().map(|&(q, o, h)| (q, o, Some(h))).collect();
+        self.hand_out(req, &picks, advance, bounds)
+    }
+
+    /// `pop` and `pop_fifo`: a pick's hash is `None` for an unordered pick.
+    fn hand_out(
+        &mut self,
+        req: PopReq,
+        picks: &[(u32, u64, Option<u32>)],
+        advance: &[(u32, u64)],
+        bounds: impl Fn(u32) -> Option<Bounds>,
+    ) -> Reply {
+        let PopReq {
+            index,
+            group,
+            topic,
+            now_ms,
+            invisible_ms,
+            create_group,
+        } = req;
         self.tick(now_ms);
         let cfg = match self.group(group, create_group) {
             Ok(c) => c,
@@ -212,24 +297,24 @@ impl PopState {
                 .unwrap_or(0)
         };
         let (mut delivered, mut dead) = (Vec::new(), Vec::new());
-        for &(q, off) in picks {
+        for &(q, off, hash) in picks {
             let Some((min, end)) = bounds(q) else {
                 continue;
             };
+            let key = (group.to_string(), topic.to_string(), q);
             let pq = self.queue_mut(group, topic, q, min);
             if let Some(inf) = pq.inflight.get(&off).copied() {
                 if inf.deadline_ms > clock {
                     continue; // still invisible: not handed out twice
                 }
-                if off < min {
-                    pq.inflight.remove(&off); // trimmed by retention while in flight
-                    continue;
-                }
-                if inf.attempt >= cfg.max_attempts() {
+                if off < min || inf.attempt >= cfg.max_attempts() {
                     pq.inflight.remove(&off);
-                    self.dead_letters
-                        .insert((group.to_string(), topic.to_string(), q, off), inf.attempt);
-                    dead.push((q, off));
+                    if off >= min {
+                        self.dead_letters
+                            .insert((group.to_string(), topic.to_string(), q, off), inf.attempt);
+                        dead.push((q, off));
+                    } // else trimmed by retention while in flight
+                    self.release(&key, off);
                     continue;
                 }
                 let attempt = inf.attempt + 1;
@@ -242,17 +327,37 @@ impl PopState {
                     },
                 );
                 delivered.push((q, off, attempt, deadline));
-            } else if off >= pq.next && off < cursor_limit(q).min(end) {
-                pq.inflight.insert(
-                    off,
-                    Inflight {
-                        deadline_ms: deadline,
-                        attempt: 1,
-                        issued: index,
-                    },
-                );
-                delivered.push((q, off, 1, deadline));
+                continue;
             }
+            let next = pq.next;
+            let fq = self.fifo.get(&key);
+            if off < next || off >= end || fq.is_some_and(|f| f.ahead.contains(&off)) {
+                continue; // handed out before, or not stored
+            }
+            match hash {
+                None if off >= cursor_limit(q) => continue,
+                Some(h) if h != 0 && fq.is_some_and(|f| f.holding.contains_key(&h)) => {
+                    continue; // its group's message before it is still in flight
+                }
+                _ => {}
+            }
+            if let Some(h) = hash {
+                let f = self.fifo.entry(key.clone()).or_default();
+                f.ahead.insert(off);
+                if h != 0 {
+                    f.holding.insert(h, off);
+                }
+            }
+            let pq = self.queue_mut(group, topic, q, min);
+            pq.inflight.insert(
+                off,
+                Inflight {
+                    deadline_ms: deadline,
+                    attempt: 1,
+                    issued: index,
+                },
+            );
+            delivered.push((q, off, 1, deadline));
         }
         for &(q, to) in advance {
             if let Some((min, end)) = bounds(q) {
@@ -260,10 +365,36 @@ impl PopState {
                 pq.next = pq.next.max(to.min(end));
             }
         }
+        for &(q, _, _) in picks {
+            self.settle(&(group.to_string(), topic.to_string(), q));
+        }
+        for &(q, _) in advance {
+            self.settle(&(group.to_string(), topic.to_string(), q));
+        }
         Reply::Popped {
             issued: index,
             delivered,
             dead,
+        }
+    }
+
+    /// Moves a FIFO queue's cursor over the offsets handed out ahead of it, and forgets those
+    /// below it.
+    fn settle(&mut self, key: &PopKey) {
+        let (Some(f), Some(pq)) = (self.fifo.get_mut(key), self.queues.get_mut(key)) else {
+            return;
+        };
+        f.ahead = f.ahead.split_off(&pq.next);
+        while f.ahead.first() == Some(&pq.next) {
+            f.ahead.pop_first();
+            pq.next += 1;
+        }
+    }
+
+    /// A FIFO queue's message at `offset` is no longer in flight: its group goes on.
+    fn release(&mut self, key: &PopKey, offset: u64) {
+        if let Some(f) = self.fifo.get_mut(key) {
+            f.holding.retain(|_, o| *o != offset);
         }
     }
 
@@ -283,6 +414,7 @@ impl PopState {
                 match self.queues.get_mut(&key) {
                     Some(pq) if pq.inflight.get(&off).is_some_and(|i| i.issued == issued) => {
                         pq.inflight.remove(&off);
+                        self.release(&key, off);
                         true
                     }
                     _ => false,
@@ -346,18 +478,21 @@ impl PopState {
         let inf = pq.inflight.get(&offset).filter(|i| i.issued == issued)?;
         let attempt = inf.attempt;
         pq.inflight.remove(&offset);
+        self.release(&key, offset);
         Some(DeadLetterClaim::Handed(attempt))
     }
 
     /// Forgets a deleted topic.
     pub fn drop_topic(&mut self, topic: &str) {
         self.queues.retain(|(_, t, _), _| t != topic);
+        self.fifo.retain(|(_, t, _), _| t != topic);
         self.dead_letters.retain(|(_, t, _, _), _| t != topic);
     }
 
     /// Forgets a deleted group; `false` when it did not exist.
     pub fn drop_group(&mut self, group: &str) -> bool {
         self.queues.retain(|(g, _, _), _| g != group);
+        self.fifo.retain(|(g, _, _), _| g != group);
         self.dead_letters.retain(|(g, _, _, _), _| g != group);
         self.groups.remove(group).is_some()
     }
@@ -692,5 +827,97 @@ mod tests {
             s.reset("other", "t", 0, 0, (0, 100)),
             Reply::GroupNotFound("other".into())
         );
+    }
+    fn fifo(s: &mut PopState, index: u64, now: u64, picks: &[(u32, u64, u32)], to: u64) -> Popped {
+        let req = PopReq {
+            index,
+            group: "g",
+            topic: "t",
+            now_ms: now,
+            invisible_ms: 5000,
+            create_group: true,
+        };
+        popped(s.pop_fifo(req, picks, &[(0, to)], bounds))
+    }
+
+    fn offsets(p: &Popped) -> Vec<u64> {
+        p.1.iter().map(|d| d.1).collect()
+    }
+
+    /// 11. FIFO: a message group's next message is handed out only once the one before it is
+    ///     acknowledged; another group of the queue goes on meanwhile, past the cursor, and the
+    ///     cursor then passes over what was handed out ahead of it. A stale or racing proposal
+    ///     hands out nothing out of order.
+    #[test]
+    fn t11_fifo_holds_a_group_until_its_message_is_acknowledged() {
+        let (a, b) = (group_hash("A"), group_hash("B"));
+        let mut s = PopState::default();
+        // 0:A 1:A 2:B 3:B — the leader picks 0 and 2, and its cursor stops at 1 (A is held).
+        let p = fifo(&mut s, 10, 1000, &[(0, 0, a), (0, 2, b)], 1);
+        assert_eq!(offsets(&p), [0, 2]);
+        let key = ("g".to_string(), "t".to_string(), 0);
+        assert_eq!(s.queues[&key].next, 1, "stops at A's second message");
+        assert_eq!(s.fifo[&key].ahead.iter().copied().collect::<Vec<_>>(), [2]);
+        // A stale proposal picking A's and B's next messages while both are in flight: nothing.
+        let p = fifo(&mut s, 11, 1000, &[(0, 1, a), (0, 3, b)], 1);
+        assert!(p.1.is_empty(), "{p:?}");
+        // A plain Pop of the same group cannot hand out what was handed out ahead either.
+        let r = s.pop(12, "g", "t", 1000, 5000, true, &[(0, 2)], &[(0, 1)], bounds);
+        assert!(popped(r).1.is_empty());
+        // B acknowledged: B's next message goes; A still waits.
+        assert_eq!(
+            s.ack("g", "t", 1001, &[(0, 2, 10)]),
+            Reply::Acked(vec![true])
+        );
+        let p = fifo(&mut s, 13, 1001, &[(0, 1, a), (0, 3, b)], 1);
+        assert_eq!(offsets(&p), [3]);
+        // A acknowledged: its second message goes, and the cursor passes everything handed out.
+        assert_eq!(
+            s.ack("g", "t", 1002, &[(0, 0, 10)]),
+            Reply::Acked(vec![true])
+        );
+        let p = fifo(&mut s, 14, 1002, &[(0, 1, a)], 2);
+        assert_eq!(offsets(&p), [1]);
+        assert_eq!(s.queues[&key].next, 4);
+        assert!(s.fifo[&key].ahead.is_empty());
+        // Offset 0 was acknowledged: never handed out again.
+        let p = fifo(&mut s, 15, 1003, &[(0, 0, a)], 4);
+        assert!(p.1.is_empty());
+    }
+
+    /// 12. FIFO: a message redelivered after its deadline keeps its group held; a message out of
+    ///     attempts (dead-lettered) releases it, as does a reset; a message without a group (hash
+    ///     0) is never held back.
+    #[test]
+    fn t12_fifo_redelivery_dead_letters_and_messages_without_a_group() {
+        let a = group_hash("A");
+        let mut s = PopState::default();
+        s.groups.insert(
+            "g".into(),
+            GroupConfig {
+                max_attempts: 2,
+                ..Default::default()
+            },
+        );
+        let key = ("g".to_string(), "t".to_string(), 0);
+        assert_eq!(offsets(&fifo(&mut s, 10, 1000, &[(0, 0, a)], 0)), [0]);
+        // Past its deadline: the same message again (attempt 2); A's next still waits.
+        let p = fifo(&mut s, 11, 6000, &[(0, 0, a), (0, 1, a)], 1);
+        assert_eq!(p.1, vec![(0, 0, 2, 11000)]);
+        assert_eq!(s.fifo[&key].holding[&a], 0);
+        // Out of attempts: dead-lettered, and A's next message goes in the same entry.
+        let p = fifo(&mut s, 12, 11000, &[(0, 0, a), (0, 1, a)], 1);
+        assert_eq!((offsets(&p), p.2.clone()), (vec![1], vec![(0, 0)]));
+        assert_eq!(s.fifo[&key].holding[&a], 1);
+        // Messages without a group: all at once, held by nothing.
+        let p = fifo(&mut s, 13, 11000, &[(0, 2, 0), (0, 3, 0)], 4);
+        assert_eq!(offsets(&p), [2, 3]);
+        // A reset forgets the group's order on that queue.
+        assert_eq!(s.reset("g", "t", 0, 0, (0, 100)), Reply::Ok);
+        assert!(!s.fifo.contains_key(&key));
+        assert_eq!(offsets(&fifo(&mut s, 14, 11000, &[(0, 0, a)], 1)), [0]);
+        // Deleting the topic forgets it too.
+        s.drop_topic("t");
+        assert!(s.fifo.is_empty());
     }
 }

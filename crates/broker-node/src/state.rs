@@ -37,10 +37,14 @@ use raftmq_rocketmq_v2::convert::P_MSGID;
 /// [`BrokerState`]: version 1's fields, then `topic_types` and `pop` (the POP consumer state,
 /// [`crate::pop::PopState`]). A version-1 snapshot still restores (no typed topics, no POP state).
 ///
-/// Version 3 (this build writes it) is version 2's body followed by the postcard encoding of
+/// Version 3 is version 2's body followed by the postcard encoding of
 /// [`SentIds`] (the client message ids stored lately, oldest first). A version-2 snapshot still
 /// restores, with no ids remembered.
-pub const BROKER_STATE_FORMAT_VERSION: u32 = 3;
+///
+/// Version 4 (this build writes it) is version 3 followed by the postcard encoding of the FIFO
+/// groups' order (`PopState::fifo`: per (group, topic, queue) a [`crate::pop::FifoQueue`]). A
+/// version-3 snapshot still restores, with no message group held.
+pub const BROKER_STATE_FORMAT_VERSION: u32 = 4;
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
@@ -199,6 +203,18 @@ fn run_tags(messages: &[BodyView]) -> (u32, Option<Box<[u32]>>) {
     }
 }
 
+/// Each message's group hash, when any message of the run has a group.
+fn run_groups(messages: &[BodyView]) -> Option<Box<[u32]>> {
+    let group = |m: &BodyView| {
+        m.properties
+            .iter()
+            .find(|(k, _)| *k == raftmq_proto::MESSAGE_GROUP_PROPERTY)
+            .map_or(0, |(_, g)| pop::group_hash(g))
+    };
+    let each: Box<[u32]> = messages.iter().map(group).collect();
+    each.iter().any(|h| *h != 0).then_some(each)
+}
+
 /// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueState {
@@ -223,6 +239,11 @@ pub struct QueueState {
     /// Their keys ([`keys_of`]). Not in snapshots.
     #[serde(skip)]
     pub keys: Lookup,
+    /// Per-message message-group hashes ([`pop::group_hash`]) of the runs holding any message
+    /// with a group, by their first offset: what a FIFO group's receive reads to keep each
+    /// group in order without reading bodies. Not in snapshots, as `runs`.
+    #[serde(skip)]
+    pub groups: BTreeMap<u64, Box<[u32]>>,
 }
 
 impl QueueState {
@@ -283,6 +304,14 @@ impl QueueState {
         end.max(from)
     }
 
+    /// The message-group hash of the message at `offset` (0: no group, or no longer indexed).
+    pub fn group_at(&self, offset: u64) -> u32 {
+        match self.groups.range(..=offset).next_back() {
+            Some((first, each)) => each.get((offset - first) as usize).copied().unwrap_or(0),
+            None => 0,
+        }
+    }
+
     /// The first indexed offset stored at or after `ms` (`next_offset` when none is).
     pub fn offset_at_time(&self, ms: u64) -> u64 {
         let i = self.runs.partition_point(|r| r.store_ms < ms);
@@ -305,6 +334,9 @@ impl QueueState {
         let (tag_hash, each) = run_tags(messages);
         if let Some(each) = each {
             self.mixed_tags.insert(first, each);
+        }
+        if let Some(groups) = run_groups(messages) {
+            self.groups.insert(first, groups);
         }
         let mut bytes = 0;
         for (i, m) in messages.iter().enumerate() {
@@ -553,6 +585,7 @@ impl BrokerState {
                             .map(|r| r.first_offset)
                             .unwrap_or(q.next_offset);
                         q.mixed_tags = q.mixed_tags.split_off(&first);
+                        q.groups = q.groups.split_off(&first);
                         q.min_offset = q.min_offset.max(first);
                         q.ids.trim(q.min_offset);
                         q.keys.trim(q.min_offset);
@@ -632,6 +665,34 @@ impl BrokerState {
                     &advance,
                     bounds,
                 )
+            }
+            CommandView::PopFifo {
+                group,
+                topic,
+                now_ms,
+                invisible_ms,
+                create_group,
+                picks,
+                advance,
+            } => {
+                self.stamp(now_ms);
+                let Some(t) = self.topics.get(&topic) else {
+                    return Reply::TopicNotFound(topic);
+                };
+                let bounds = |q: u32| {
+                    t.queues
+                        .get(q as usize)
+                        .map(|q| (q.min_offset, q.next_offset))
+                };
+                let req = pop::PopReq {
+                    index,
+                    group: &group,
+                    topic: &topic,
+                    now_ms,
+                    invisible_ms,
+                    create_group,
+                };
+                self.pop.pop_fifo(req, &picks, &advance, bounds)
             }
             CommandView::Ack {
                 group,
@@ -1061,6 +1122,7 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     fn snapshot(&self) -> Vec<u8> {
         let mut body = postcard::to_stdvec(self).expect("state always encodes");
         body = postcard::to_extend(&self.sent_ids, body).expect("ids always encode");
+        body = postcard::to_extend(&self.pop.fifo, body).expect("FIFO state always encodes");
         format::envelope(BROKER_STATE_FORMAT_VERSION, &body)
     }
 
@@ -1077,9 +1139,15 @@ impl raftmq_raft_log::StateMachine for BrokerState {
                 .into()
         } else if version == 2 {
             postcard::from_bytes(body).map_err(bad)?
-        } else {
+        } else if version == 3 {
             let (mut s, rest) = postcard::take_from_bytes::<BrokerState>(body).map_err(bad)?;
             s.sent_ids = postcard::from_bytes(rest).map_err(bad)?;
+            s
+        } else {
+            let (mut s, rest) = postcard::take_from_bytes::<BrokerState>(body).map_err(bad)?;
+            let (ids, rest) = postcard::take_from_bytes(rest).map_err(bad)?;
+            s.sent_ids = ids;
+            s.pop.fifo = postcard::from_bytes(rest).map_err(bad)?;
             s
         };
         s.topic_version += 1;

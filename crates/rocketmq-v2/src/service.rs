@@ -634,18 +634,14 @@ impl<B: BrokerService> Inner<B> {
         let broker = mq.broker.as_ref().map_or("", |b| b.name.as_str());
         let target = self.target_of(broker, &topic_res.name).await?;
         // As RocketMQ's proxy does: the queue a receive names only chooses the broker group, and
-        // the group receives from any of its queues — except a FIFO group, which holds a queue
-        // to keep its order. (Receiving from the one queue named would make a simple consumer,
-        // which rotates over the route's queues, wait out a long poll on each empty queue.)
-        let fifo = self.group_config(&group).await.is_some_and(|g| g.fifo);
+        // the group receives from any of its queues. (Receiving from the one queue named would
+        // make a simple consumer, which rotates over the route's queues, wait out a long poll on
+        // each empty queue.) A FIFO group too: the broker group hands out a message group's next
+        // message only once the one before it is acknowledged, whoever receives it.
         let pop = v1::PopRequest {
             group,
             topic: topic_res.name.clone(),
-            queue: req
-                .message_queue
-                .as_ref()
-                .filter(|q| q.id >= 0 && fifo)
-                .map(|q| q.id as u32),
+            queue: None,
             max_messages: batch as u32,
             invisible_ms: invisible.as_millis() as u64,
             max_wait_ms: poll.as_millis() as u32,

@@ -220,6 +220,18 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "10066f726465727301b0ba97ffbc315800",
         ),
+        (
+            Command::PopFifo {
+                group: "g1".into(),
+                topic: "orders".into(),
+                now_ms: 1000,
+                invisible_ms: 30_000,
+                create_group: false,
+                picks: vec![(1, 7, 0xdead_beef)],
+                advance: vec![(1, 7)],
+            },
+            "11026731066f7264657273e807b0ea0100010107effdb6f50d010107",
+        ),
     ]
 }
 
@@ -483,23 +495,70 @@ fn state_v3() -> BrokerState {
 
 const STATE_V3_GOLDEN: &str = "ffffffffffffffffffff0300000002046669666f010000066f726465727304000000030000000101026731066f72646572730102012a0b0207010003020a0300010b0b03040101046669666f01e8070102673103000001026731066f726465727301010100dc0b0107000001af9af493fff1aff19793edaeb096deff90280300";
 
+/// Version 3, written by earlier builds: still restores (no FIFO message group held).
 #[test]
-fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
-    let snap = state_v3().snapshot();
-    println!("state\n  {}", hex(&snap));
-    assert_eq!(hex(&snap), STATE_V3_GOLDEN);
+fn a_version_3_broker_state_snapshot_still_restores() {
     let mut back = BrokerState::default();
     back.restore(&unhex(STATE_V3_GOLDEN)).unwrap();
+    back.topic_version -= 1;
+    assert_eq!(back.snapshot(), state_v3().snapshot());
+    assert_eq!(back.sent_ids.len(), 1);
+    assert_eq!(
+        back.sent_ids
+            .get(crate::state::SentIds::key("orders", "M1")),
+        Some((3, 0))
+    );
+    assert!(back.pop.fifo.is_empty());
+}
+
+/// [`state_v3`] plus a FIFO group holding a message group: version 4's fields.
+fn state_v4() -> BrokerState {
+    let mut st = state_v3();
+    st.apply(
+        12,
+        1,
+        &Command::UpsertGroup {
+            name: "gf".into(),
+            max_attempts: 0,
+            retry_delays_ms: vec![],
+            fifo: true,
+            update: false,
+        }
+        .encode(),
+    );
+    let pop = Command::PopFifo {
+        group: "gf".into(),
+        topic: "orders".into(),
+        now_ms: 2000,
+        invisible_ms: 30_000,
+        create_group: false,
+        picks: vec![(3, 0, 0xdead_beef)],
+        advance: vec![],
+    };
+    st.apply(13, 1, &pop.encode());
+    st
+}
+
+const STATE_V4_GOLDEN: &str = "ffffffffffffffffffff0400000002046669666f010000066f726465727304000000030000000101026731066f72646572730102012a0b0207010003020a0300010b0d03040101046669666f01d00f0202673103000002676600000102026731066f726465727301010100dc0b0107026766066f72646572730301010080fa01010d000001af9af493fff1aff19793edaeb096deff9028030001026766066f72646572730301effdb6f50d0000";
+
+#[test]
+fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
+    let snap = state_v4().snapshot();
+    println!("state\n  {}", hex(&snap));
+    assert_eq!(hex(&snap), STATE_V4_GOLDEN);
+    let mut back = BrokerState::default();
+    back.restore(&unhex(STATE_V4_GOLDEN)).unwrap();
     back.topic_version -= 1;
     assert_eq!(back.snapshot(), snap);
     assert_eq!(back.topic_type("fifo"), 1);
     let pq = &back.pop.queues[&("g1".into(), "orders".into(), 1)];
     assert_eq!((pq.next, pq.inflight[&0].deadline_ms), (1, 1500));
     assert_eq!(back.sent_ids.len(), 1);
+    let key = ("gf".to_string(), "orders".to_string(), 3);
+    assert_eq!(back.pop.fifo[&key].holding[&0xdead_beef], 0);
     assert_eq!(
-        back.sent_ids
-            .get(crate::state::SentIds::key("orders", "M1")),
-        Some((3, 0))
+        back.pop.queues[&key].next, 1,
+        "the cursor passed the message handed out"
     );
 }
 
@@ -522,8 +581,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 17, which this broker-node does not know (command \
-         format version 1 has tags 0..17): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 18, which this broker-node does not know (command \
+         format version 1 has tags 0..18): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.
@@ -548,14 +607,14 @@ fn a_command_in_a_newer_envelope_stops_apply() {
 
 #[test]
 fn a_broker_state_snapshot_of_a_newer_format_is_refused() {
-    let snap = format::envelope(4, &state().snapshot());
+    let snap = format::envelope(5, &state().snapshot());
     let mut st = BrokerState::default();
     let e = st.restore(&snap).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "the broker-state snapshot was written by format version 4; this broker-node reads up to \
-         version 3: upgrade the binary"
+        "the broker-state snapshot was written by format version 5; this broker-node reads up to \
+         version 4: upgrade the binary"
     );
     assert!(st.topics.is_empty());
 }

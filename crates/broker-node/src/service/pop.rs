@@ -4,7 +4,7 @@
 //! and dead letters are entries too. The replicated rules are in [`crate::pop`]; this file gathers
 //! inputs and reads messages.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -25,6 +25,9 @@ use crate::pop::{self, TagFilter, dlq_topic, format_handle, parse_handle};
 
 /// How many offsets past the cursor one receive looks at for messages matching its filter.
 const FILTER_SCAN_MAX: u64 = 65_536;
+/// How many offsets past the cursor a FIFO group's receive looks at: also how far past a held
+/// message group's next message the other groups of its queue can go on.
+const FIFO_SCAN_MAX: u64 = 8192;
 /// Offsets a receive that found nothing to hand out moves its cursors over before it proposes
 /// the move alone (it always does at the end of its wait).
 const ADVANCE_ONLY_MIN: u64 = 4096;
@@ -49,7 +52,8 @@ pub fn wall_ms() -> u64 {
 /// What one receive proposes.
 #[derive(Debug, Default, PartialEq)]
 struct Plan {
-    picks: Vec<(u32, u64)>,
+    /// (queue, offset, message-group hash: 0 unless the group is FIFO and the message has one).
+    picks: Vec<(u32, u64, u32)>,
     advance: Vec<(u32, u64)>,
     /// The earliest deadline among the group's deliveries in flight, to wake up for.
     next_deadline: Option<u64>,
@@ -78,7 +82,10 @@ fn handle(broker: &str, h: &str) -> Result<(u32, u64, u64)> {
 
 impl Broker {
     /// The leader's choice for a receive: deliveries past their deadline first, then new
-    /// messages that may match the filter, up to `max`.
+    /// messages that may match the filter, up to `max`. For a FIFO group (`fifo`), a new message
+    /// only when no message of its group is in flight or picked before it in this plan; the
+    /// cursor then moves only up to the first message held back.
+    #[allow(clippy::too_many_arguments)]
     fn plan_pop(
         &self,
         group: &str,
@@ -87,6 +94,7 @@ impl Broker {
         max: usize,
         filter: &TagFilter,
         now: u64,
+        fifo: bool,
     ) -> Result<Plan> {
         let st = self.node.state();
         let Some(t) = st.topics.get(topic) else {
@@ -110,15 +118,14 @@ impl Broker {
             let Some(qs) = t.queues.get(q as usize) else {
                 continue;
             };
-            let pq = st
-                .pop
-                .queues
-                .get(&(group.to_string(), topic.to_string(), q));
+            let key = (group.to_string(), topic.to_string(), q);
+            let pq = st.pop.queues.get(&key);
+            let fq = st.pop.fifo.get(&key).filter(|_| fifo);
             if let Some(pq) = pq {
                 for (off, inf) in &pq.inflight {
                     if inf.deadline_ms <= clock {
                         if plan.picks.len() < max {
-                            plan.picks.push((q, *off));
+                            plan.picks.push((q, *off, 0));
                         }
                     } else {
                         plan.next_deadline = Some(
@@ -133,16 +140,33 @@ impl Broker {
                 continue;
             }
             // An offset this node no longer indexes cannot be read here either: passed over.
-            let end = qs.next_offset.min(next + FILTER_SCAN_MAX);
+            let scan = if fifo { FIFO_SCAN_MAX } else { FILTER_SCAN_MAX };
+            let end = qs.next_offset.min(next + scan);
+            let mut held: HashSet<u32> = fq
+                .map(|f| f.holding.keys().copied().collect())
+                .unwrap_or_default();
+            let mut first_held = None;
             let o = qs.scan_tags(
                 next,
                 end,
                 |h| filter.may_match(h),
                 |o| {
-                    plan.picks.push((q, o));
+                    let mut hash = 0;
+                    if fifo {
+                        if fq.is_some_and(|f| f.ahead.contains(&o)) {
+                            return true; // handed out past the cursor before
+                        }
+                        hash = qs.group_at(o);
+                        if hash != 0 && !held.insert(hash) {
+                            first_held.get_or_insert(o);
+                            return true; // its group's message before it is not done
+                        }
+                    }
+                    plan.picks.push((q, o, hash));
                     plan.picks.len() < max
                 },
             );
+            let o = first_held.unwrap_or(o);
             if o > next {
                 plan.advance.push((q, o));
                 plan.skipped += o - next;
@@ -182,20 +206,36 @@ impl Broker {
         let mut watch = self.node.member.watch();
         loop {
             let now = wall_ms();
-            let plan = self.plan_pop(&req.group, &req.topic, req.queue, max, &filter, now)?;
+            let fifo = self
+                .node
+                .state_value(|s| s.pop.groups.get(&req.group).is_some_and(|g| g.fifo));
+            let plan = self.plan_pop(&req.group, &req.topic, req.queue, max, &filter, now, fifo)?;
             let last_look = Instant::now() >= deadline;
             if plan.worth_proposing(last_look) {
-                let (_, reply) = self
-                    .propose(Command::Pop {
-                        group: req.group.clone(),
-                        topic: req.topic.clone(),
+                let (group, topic) = (req.group.clone(), req.topic.clone());
+                let (create_group, invisible_ms) = (rmq.auto_create_groups, req.invisible_ms);
+                let cmd = if fifo {
+                    Command::PopFifo {
+                        group,
+                        topic,
                         now_ms: now,
-                        invisible_ms: req.invisible_ms,
-                        create_group: rmq.auto_create_groups,
+                        invisible_ms,
+                        create_group,
                         picks: plan.picks,
                         advance: plan.advance,
-                    })
-                    .await?;
+                    }
+                } else {
+                    Command::Pop {
+                        group,
+                        topic,
+                        now_ms: now,
+                        invisible_ms,
+                        create_group,
+                        picks: plan.picks.iter().map(|&(q, o, _)| (q, o)).collect(),
+                        advance: plan.advance,
+                    }
+                };
+                let (_, reply) = self.propose(cmd).await?;
                 let Reply::Popped {
                     issued,
                     delivered,

@@ -204,6 +204,38 @@ async fn t39_scheduled_messages_delivered_once_and_on_time_under_faults() {
     );
 }
 
+/// 40. FIFO consumer groups are replicated state: the producers' messages carry message groups
+///     (three per producer, each in one queue) and the POP group is FIFO, while the leader is
+///     killed, paused, a follower killed, every node loses power and the leader is cut off. No
+///     message is handed out before the one before it in its group was acknowledged or
+///     dead-lettered, none is lost, and the POP rules of t37 hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t40_fifo_groups_stay_in_order_under_faults() {
+    let mut cfg = ScenarioCfg::new(
+        40,
+        FaultPlan::Fixed(vec![
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+            FaultKind::KillFollower,
+            FaultKind::PowerLossAll,
+            FaultKind::PartitionLeader,
+        ]),
+    );
+    cfg.pop = Some(PopCfg {
+        fifo: true,
+        ..PopCfg::default()
+    });
+    let report = run_scenario_cfg(cfg).await;
+    let p = report
+        .pop
+        .as_ref()
+        .expect("a FIFO round reports its POP group");
+    assert!(
+        p.fifo_pairs > 1000 && p.fifo_groups >= 9,
+        "too few ordered pairs to test anything:\n{report}"
+    );
+}
+
 /// 38. Producers send every attempt of a batch as a new batch (a new sequence), as a RocketMQ 5
 ///     client's retry through another node is, with a message id in each message: the group's
 ///     replicated record of stored ids (`SendOnce`) must store each once while the leader is

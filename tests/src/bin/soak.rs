@@ -80,6 +80,11 @@ struct Args {
     /// before its time, identically on every node.
     #[arg(long)]
     delay: bool,
+    /// FIFO mode (implies --pop): the POP group is FIFO and the producers' messages carry
+    /// message groups (three per producer, each in one queue); fails a round on a message handed
+    /// out before the one before it in its group was acknowledged or dead-lettered.
+    #[arg(long)]
+    fifo: bool,
     /// POP mode: concurrent POP consumers.
     #[arg(long, default_value_t = 3)]
     pop_consumers: u64,
@@ -216,9 +221,10 @@ fn main() {
         if args.delay {
             cfg.delay = Some(raftmq_tests::history::DelayCfg::default());
         }
-        if args.pop {
+        if args.pop || args.fifo {
             cfg.pop = Some(PopCfg {
                 consumers: args.pop_consumers.max(1),
+                fifo: args.fifo,
                 ..PopCfg::default()
             });
         }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::pop::{Answer, Delivery, Fate, PopCallOutcome, PopKey};
+use super::pop::{Answer, Delivery, Fate, PopCallOutcome, PopHistory, PopKey};
 use super::report::{FaultLiveness, PopReport, Report, body_str, op_context, pop_context};
 use super::workload::NodeRead;
 use super::{History, MsgId, Op, Outcome, QUEUES, decode, encode, lock};
@@ -595,7 +595,74 @@ pub fn check_pop(hist: &History, reads: &BTreeMap<u64, NodeRead>, r: &mut Report
             ));
         }
     }
+    if p.fifo {
+        check_fifo_order(&p, &stored, &by_key, &dead, &mut pr, r);
+    }
     r.pop = Some(Box::new(pr));
+}
+
+/// FIFO: per queue and message group ([`super::workload::fifo_group`] of the stored body), each
+/// delivery of a message must come after the message before it was released: an ack of it
+/// answered OK or left unknown had started before the delivery's reply arrived, or it is in the
+/// dead-letter topic (dead-lettered by the receive that found it out of attempts).
+fn check_fifo_order(
+    p: &PopHistory,
+    stored: &BTreeMap<PopKey, &Vec<u8>>,
+    by_key: &BTreeMap<PopKey, Vec<&Delivery>>,
+    dead: &BTreeMap<PopKey, u64>,
+    pr: &mut PopReport,
+    r: &mut Report,
+) {
+    // (queue, group) → its offsets in order.
+    let mut groups: BTreeMap<(u32, String), Vec<u64>> = BTreeMap::new();
+    for ((q, off), body) in stored {
+        if let Some(id) = decode(body) {
+            groups
+                .entry((*q, super::workload::fifo_group(id)))
+                .or_default()
+                .push(*off);
+        }
+    }
+    pr.fifo_groups = groups.len() as u64;
+    let released_by = |key: PopKey| -> Option<Duration> {
+        p.acks
+            .iter()
+            .filter(|a| a.key == key && matches!(a.answer, Answer::Ok | Answer::Unknown(_)))
+            .map(|a| a.start)
+            .min()
+    };
+    for ((q, g), offsets) in &groups {
+        for w in offsets.windows(2) {
+            let (before, key) = ((*q, w[0]), (*q, w[1]));
+            let Some(ds) = by_key.get(&key) else {
+                continue;
+            };
+            pr.fifo_pairs += 1;
+            if dead.contains_key(&before) {
+                continue;
+            }
+            let released = released_by(before);
+            let early: Vec<&&Delivery> = ds
+                .iter()
+                .filter(|d| released.is_none_or(|t| d.end < t))
+                .collect();
+            if let Some(d) = early.first() {
+                pr.fifo_out_of_order += early.len() as u64;
+                r.excerpt(format!(
+                    "POP FIFO OUT OF ORDER q{q} group {g}: offset {} (attempt {}) received at \
+                     {:.3}s, before offset {} was released ({})",
+                    key.1,
+                    d.attempt,
+                    d.end.as_secs_f64(),
+                    before.1,
+                    released.map_or("never acknowledged".to_string(), |t| format!(
+                        "first ack sent at {:.3}s",
+                        t.as_secs_f64()
+                    ))
+                ));
+            }
+        }
+    }
 }
 
 /// [`check`] on hand-made histories. Each bad history is the good one of [`baseline`] with one
@@ -1095,6 +1162,7 @@ mod tests {
         }
         PopHistory {
             max_attempts: 3,
+            fifo: false,
             calls: vec![PopCall {
                 consumer: 1,
                 by: "n1".into(),
@@ -1152,6 +1220,7 @@ mod tests {
             ("acked_then_dlq", p.acked_then_dlq),
             ("drain_timeouts", p.drain_timeouts),
             ("dlq_errors", p.dlq_errors),
+            ("fifo_out_of_order", p.fifo_out_of_order),
         ])
     }
 
@@ -1324,5 +1393,29 @@ mod tests {
             &[("drain_timeouts", 1)],
             "POP DRAIN TIMED OUT",
         );
+    }
+
+    /// FIFO: queue 0 holds two messages of group mg1-1 (offsets 0 and 1); the baseline hands out
+    /// offset 1 at 1.0 s, before offset 0's ack was sent (1.2 s).
+    #[test]
+    fn t25_pop_fifo_message_handed_out_before_the_one_before_it_was_released() {
+        pop_flagged(
+            |p| p.fifo = true,
+            &[("fifo_out_of_order", 1)],
+            "POP FIFO OUT OF ORDER q0 group mg1-1: offset 1 (attempt 1)",
+        );
+    }
+
+    /// FIFO: without that delivery, offset 1 comes (attempt 2, 3.0 s) after offset 0's ack.
+    #[test]
+    fn t26_pop_fifo_in_order_passes() {
+        let r = pop_check(|p| {
+            p.fifo = true;
+            p.deliveries
+                .retain(|d| !(d.key == (0, 1) && d.attempt == 1));
+        });
+        let p = r.pop.as_deref().unwrap();
+        assert_eq!(p.problems(), 0, "{r}");
+        assert_eq!((p.fifo_groups, p.fifo_pairs), (4, 1), "{r}");
     }
 }

@@ -100,6 +100,10 @@ pub struct PopCfg {
     pub change_pct: u32,
     /// Percent of messages left to expire (received again later, or dead-lettered).
     pub ignore_pct: u32,
+    /// The group is FIFO and the producers' messages carry message groups: a group's next
+    /// message must not be handed out before the one before it is acknowledged or
+    /// dead-lettered (checked by [`super::check::check_pop`]).
+    pub fifo: bool,
 }
 
 impl Default for PopCfg {
@@ -108,6 +112,7 @@ impl Default for PopCfg {
             consumers: 3,
             change_pct: 10,
             ignore_pct: 15,
+            fifo: false,
         }
     }
 }
@@ -265,6 +270,8 @@ pub struct DrainStats {
 #[derive(Clone, Debug, Default)]
 pub struct PopHistory {
     pub max_attempts: u32,
+    /// The group is FIFO ([`PopCfg::fifo`]).
+    pub fifo: bool,
     pub calls: Vec<PopCall>,
     pub deliveries: Vec<Delivery>,
     pub acks: Vec<AckEvent>,
@@ -278,14 +285,14 @@ pub struct PopHistory {
 
 /// Creates [`POP_GROUP`] on the leader (idempotent: an existing group with the same config is
 /// OK), and checks the config it answers.
-pub async fn create_pop_group(c: &Cluster) -> Result<(), String> {
+pub async fn create_pop_group(c: &Cluster, fifo: bool) -> Result<(), String> {
     let t = Instant::now();
     let mut last = String::new();
     let want = GroupConfig {
         name: POP_GROUP.into(),
         max_attempts: POP_MAX_ATTEMPTS,
         retry_delays_ms: Vec::new(),
-        fifo: false,
+        fifo,
     };
     while t.elapsed() < CONVERGE_TIMEOUT {
         let leader = find_leader(c, CONVERGE_TIMEOUT).await?;

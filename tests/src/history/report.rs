@@ -118,6 +118,13 @@ pub struct PopReport {
     /// The drain hit its bound, or the dead-letter topic could not be read.
     pub drain_timeouts: u64,
     pub dlq_errors: u64,
+    /// FIFO ([`super::pop::PopCfg::fifo`]): a message handed out while the message before it
+    /// in its queue and message group was neither acknowledged (no ack of it answered OK or
+    /// unknown had started before the receive's reply) nor dead-lettered.
+    pub fifo_out_of_order: u64,
+    /// FIFO: message groups and the ordered pairs checked (figures).
+    pub fifo_groups: u64,
+    pub fifo_pairs: u64,
 }
 
 impl PopReport {
@@ -134,6 +141,7 @@ impl PopReport {
             + self.acked_then_dlq
             + self.drain_timeouts
             + self.dlq_errors
+            + self.fifo_out_of_order
     }
 
     pub fn is_ok(&self) -> bool {
@@ -172,7 +180,8 @@ impl std::fmt::Display for PopReport {
             f,
             "pop: redelivered after ack {}, lost {}, unsettled {}, attempt backwards {}, attempt \
              out of range {}, redelivered early {}, dlq duplicates {}, dlq early {}, dlq corrupt \
-             {}, acked then dlq {}, drain timeouts {}, dlq errors {}",
+             {}, acked then dlq {}, drain timeouts {}, dlq errors {}; fifo: {} groups, {} \
+             ordered pairs, out of order {}",
             self.redelivered_after_ack,
             self.lost,
             self.unsettled,
@@ -184,7 +193,10 @@ impl std::fmt::Display for PopReport {
             self.dlq_corrupt,
             self.acked_then_dlq,
             self.drain_timeouts,
-            self.dlq_errors
+            self.dlq_errors,
+            self.fifo_groups,
+            self.fifo_pairs,
+            self.fifo_out_of_order
         )
     }
 }

@@ -237,8 +237,15 @@ async fn scenario(
         );
         fill = Some((fill_hist, stats));
     }
-    if cfg.pop.is_some() {
-        create_pop_group(c).await?;
+    let fifo = cfg.pop.as_ref().is_some_and(|p| p.fifo);
+    if let Some(pc) = &cfg.pop {
+        create_pop_group(c, pc.fifo).await?;
+    }
+    if fifo {
+        // Until then a leader cannot propose the FIFO receive (PopFifo).
+        c.wait_feature_levels(Duration::from_secs(20))
+            .await
+            .map_err(|e| e.to_string())?;
     }
     if cfg.delay.is_some() {
         super::delay::create_delay_topic(c).await?;
@@ -246,6 +253,9 @@ async fn scenario(
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
     lock(&hist.pop).max_attempts = POP_MAX_ATTEMPTS;
+    lock(&hist.pop).fifo = fifo;
+    let mut workload = cfg.workload.clone();
+    workload.message_groups |= fifo;
     *hist_out = Some(hist.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let until = Instant::now() + cfg.max_duration;
@@ -255,7 +265,7 @@ async fn scenario(
             hist.clone(),
             p,
             addrs.clone(),
-            cfg.workload.clone(),
+            workload.clone(),
             cfg.seed,
             stop.clone(),
             until,

@@ -57,6 +57,22 @@ pub struct HistProducer {
     /// Each attempt of a batch is a new batch (a new sequence), as a RocketMQ 5 client's retry
     /// through another node is; the messages carry ids ([`ID_PROPERTY`]) the group stores once.
     pub new_batch_per_attempt: bool,
+    /// Each batch's messages carry the message group [`fifo_group`] (a FIFO group's order).
+    pub message_groups: bool,
+}
+
+/// Message groups per producer when [`HistProducer::message_groups`] is set.
+pub const FIFO_GROUPS_PER_PRODUCER: u64 = 3;
+
+/// The message group of a workload message: its producer's batch sequence modulo
+/// [`FIFO_GROUPS_PER_PRODUCER`], so a producer's groups interleave and each keeps its own order.
+pub fn fifo_group(id: MsgId) -> String {
+    format!("mg{}-{}", id.producer, id.seq % FIFO_GROUPS_PER_PRODUCER)
+}
+
+/// The queue every message of [`fifo_group`] goes to (as a client hashes a group to a queue).
+pub fn fifo_queue(producer: u64, seq: u64) -> u32 {
+    ((producer * FIFO_GROUPS_PER_PRODUCER + seq % FIFO_GROUPS_PER_PRODUCER) % QUEUES as u64) as u32
 }
 
 /// The property holding a message's id when [`HistProducer::new_batch_per_attempt`] is set.
@@ -78,6 +94,7 @@ impl HistProducer {
             rr: 0,
             clients: Clients::default(),
             new_batch_per_attempt: false,
+            message_groups: false,
         }
     }
 
@@ -113,6 +130,18 @@ impl HistProducer {
             sequence: seq,
             dedup_property: String::new(),
         };
+        if self.message_groups {
+            req.queue = fifo_queue(self.id, seq);
+            for (idx, m) in req.messages.iter_mut().enumerate() {
+                let id = MsgId {
+                    producer: self.id,
+                    seq,
+                    idx: idx as u32,
+                };
+                m.properties
+                    .insert(raftmq_proto::MESSAGE_GROUP_PROPERTY.into(), fifo_group(id));
+            }
+        }
         if self.new_batch_per_attempt {
             req.dedup_property = ID_PROPERTY.into();
             for (idx, m) in req.messages.iter_mut().enumerate() {
@@ -200,7 +229,7 @@ impl HistProducer {
         lock(&hist.ops).push(Op {
             producer: self.id,
             seq,
-            queue,
+            queue: req.queue,
             count,
             len,
             start,
@@ -223,6 +252,8 @@ pub struct WorkloadCfg {
     /// Producers send each attempt as a new batch with message ids (see
     /// [`HistProducer::new_batch_per_attempt`]).
     pub new_batch_per_attempt: bool,
+    /// Messages carry message groups, each group in one queue ([`HistProducer::message_groups`]).
+    pub message_groups: bool,
 }
 
 impl Default for WorkloadCfg {
@@ -234,6 +265,7 @@ impl Default for WorkloadCfg {
             batch_max: 4,
             body_len_max: 256,
             new_batch_per_attempt: false,
+            message_groups: false,
         }
     }
 }
@@ -250,6 +282,7 @@ pub(super) async fn producer_loop(
     let mut rng = StdRng::seed_from_u64(seed ^ (id << 32));
     let mut p = HistProducer::new(id, addrs);
     p.new_batch_per_attempt = cfg.new_batch_per_attempt;
+    p.message_groups = cfg.message_groups;
     for _ in 0..cfg.max_ops_per_producer {
         if stop.load(Ordering::Relaxed) || Instant::now() >= until {
             break;

@@ -1162,3 +1162,162 @@ async fn t80_fifo_message_groups_in_order_while_one_waits_for_its_redelivery() {
         to.unwrap() - from.unwrap()
     );
 }
+
+/// Creates `name` as a TRANSACTION topic of 2 queues on the leader.
+async fn create_txn_topic(c: &Cluster, name: &str) {
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(CreateTopicRequest {
+            name: name.into(),
+            queues: 2,
+            update: false,
+            message_type: TopicMessageType::Transaction as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+}
+
+/// Transactional messages with the official client. Six half messages: the even ones committed,
+/// the odd ones rolled back; only the committed arrive, once, as TRANSACTION messages, and a
+/// second commit of one is INVALID_TRANSACTION_ID (40008). Then a producer "crashes" with four
+/// transactions open; a new producer of the topic is asked about each (the check interval is
+/// 2 s here) and answers COMMIT for the even ones, ROLLBACK for the odd: exactly those arrive,
+/// and no transaction is left open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t80_transactions_commit_rollback_and_check_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("txn.toml");
+    std::fs::write(&conf, "[limits]\ntxn_check_interval_ms = 2000\n").unwrap();
+    let mut extra: Vec<&str> = REGISTER_EVERY.to_vec();
+    extra.extend(["--config", conf.to_str().unwrap()]);
+    let c = Cluster::start(3, &extra).await;
+    create_txn_topic(&c, "rmq5-txn").await;
+    let out = run_script(
+        &c,
+        "transaction.py",
+        &args(&[
+            ("mode", "commit-rollback"),
+            ("topic", "rmq5-txn"),
+            ("group", "rmq5-txn-group"),
+            ("count", "6"),
+            ("max-seconds", "60"),
+        ]),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(
+        list(&out, "errors").is_empty(),
+        "errors: {}\n{}",
+        out["errors"],
+        diagnostics(&c)
+    );
+    let sent = list(&out, "sent");
+    assert_eq!(sent.len(), 6, "{out}");
+    for s in sent {
+        assert!(
+            str_of(s, "transaction_id").starts_with("broker-a-"),
+            "a half message's send returns its transaction id: {s}"
+        );
+    }
+    let again = raised(
+        &out["commit_again"],
+        "committing a committed transaction again",
+    );
+    assert_eq!(again["code"], 40008, "INVALID_TRANSACTION_ID: {again}");
+    assert!(str_of(again, "text").contains("is not open"), "{again}");
+    let committed: BTreeSet<&str> = sent
+        .iter()
+        .filter(|s| s["action"] == "commit")
+        .map(|s| str_of(s, "id"))
+        .collect();
+    assert_eq!(committed.len(), 3, "{out}");
+    let received = list(&out, "received");
+    let got: Vec<&str> = received.iter().map(|m| str_of(m, "id")).collect();
+    assert_eq!(
+        got.iter().copied().collect::<BTreeSet<_>>(),
+        committed,
+        "exactly the committed ones arrive: {out}"
+    );
+    assert_eq!(got.len(), committed.len(), "each once: {out}");
+    for m in received {
+        assert_eq!(m["message_type"], 4, "a TRANSACTION message: {m}");
+    }
+
+    // A producer crashes with four transactions open; a new one answers the checks.
+    let orphan = run_script(
+        &c,
+        "transaction.py",
+        &args(&[
+            ("mode", "orphan"),
+            ("topic", "rmq5-txn"),
+            ("count", "4"),
+            ("max-seconds", "30"),
+        ])
+        .into_iter()
+        .chain(["--crash".to_string()])
+        .collect::<Vec<_>>(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(list(&orphan, "errors").is_empty(), "{orphan}");
+    let open: BTreeMap<&str, &Value> = list(&orphan, "sent")
+        .iter()
+        .map(|s| (str_of(s, "id"), s))
+        .collect();
+    assert_eq!(open.len(), 4, "{orphan}");
+    let checker = run_script(
+        &c,
+        "transaction.py",
+        &args(&[
+            ("mode", "checker"),
+            ("topic", "rmq5-txn"),
+            ("group", "rmq5-txn-group"),
+            ("stay-seconds", "40"),
+            ("expect-checks", "4"),
+            ("max-seconds", "60"),
+        ]),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(list(&checker, "errors").is_empty(), "{checker}");
+    let checks = list(&checker, "checks");
+    let asked: BTreeSet<&str> = checks.iter().map(|k| str_of(k, "id")).collect();
+    assert_eq!(
+        asked,
+        open.keys().copied().collect::<BTreeSet<_>>(),
+        "every orphaned transaction is checked: {checker}"
+    );
+    let want: BTreeSet<&str> = checks
+        .iter()
+        .filter(|k| k["answer"] == "COMMIT")
+        .map(|k| str_of(k, "id"))
+        .collect();
+    assert_eq!(want.len(), 2, "{checker}");
+    let got: Vec<&str> = list(&checker, "received")
+        .iter()
+        .map(|m| str_of(m, "id"))
+        .collect();
+    assert_eq!(
+        got.iter().copied().collect::<BTreeSet<_>>(),
+        want,
+        "exactly the ones the checker committed arrive: {checker}"
+    );
+    assert_eq!(got.len(), want.len(), "each once: {checker}");
+    // Nothing is left open.
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .list_transactions(ListTransactionsRequest {
+            topic: "rmq5-txn".into(),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none() && r.transactions.is_empty(), "{r:?}");
+}

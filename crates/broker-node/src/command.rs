@@ -7,7 +7,7 @@
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
 //! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13, `Schedule` 14,
-//! `Deliver` 15, `Recall` 16, `PopFifo` 17), then the
+//! `Deliver` 15, `Recall` 16, `PopFifo` 17, `EndTxn` 18), then the
 //! variant's fields in
 //! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
 //! length then the bytes, a vector a varint count then its items. A `Send` is
@@ -38,7 +38,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 18;
+pub const COMMAND_TAGS: u32 = 19;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -264,6 +264,22 @@ pub enum CommandOf<B> {
         picks: Vec<(u32, u64, u32)>,
         advance: Vec<(u32, u64)>,
     },
+    /// Ends the transaction whose half message waits at (`log_index`, `position`) with its
+    /// check time `check_at_ms` (a message of a TRANSACTION topic is stored by a `Schedule` as a
+    /// half message; see [`crate::timer`]): a commit stores `messages` (the half message, read
+    /// by the leader) in the queue at `now_ms`, a rollback drops it. Applied once: a repeat, or
+    /// an end after a check-back moved it, finds no half message there
+    /// ([`Reply::NotScheduled`]).
+    EndTxn {
+        topic: String,
+        queue: u32,
+        now_ms: u64,
+        check_at_ms: u64,
+        log_index: u64,
+        position: u32,
+        commit: bool,
+        messages: Vec<B>,
+    },
 }
 
 /// The state machine's answer to a command. The variant index is the tag: append only, never
@@ -328,6 +344,7 @@ impl Command {
             | CommandOf::SendOnce { messages, .. }
             | CommandOf::Schedule { messages, .. }
             | CommandOf::Deliver { messages, .. }
+            | CommandOf::EndTxn { messages, .. }
             | CommandOf::DeadLetter { messages, .. } => messages
                 .iter()
                 .map(|m| {
@@ -357,8 +374,9 @@ impl<'a> CommandView<'a> {
     }
 
     /// The messages an entry stored in a queue and their store time: a `Send`'s, the ones a
-    /// `Deliver` carried into their queue, or the one a `DeadLetter` stored in its dead-letter
-    /// topic. (A `Schedule`'s messages are in no queue until delivered.)
+    /// `Deliver` carried into their queue, the one a committing `EndTxn` stored, or the one a
+    /// `DeadLetter` stored in its dead-letter topic. (A `Schedule`'s messages are in no queue
+    /// until delivered.)
     pub fn stored(&self) -> Option<(&[BodyView<'a>], u64)> {
         match self {
             CommandOf::Send {
@@ -377,6 +395,9 @@ impl<'a> CommandView<'a> {
                 ..
             } => Some((messages, *timestamp_ms)),
             CommandOf::Deliver {
+                messages, now_ms, ..
+            }
+            | CommandOf::EndTxn {
                 messages, now_ms, ..
             } => Some((messages, *now_ms)),
             _ => None,

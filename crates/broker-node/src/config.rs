@@ -25,7 +25,17 @@ pub struct Limits {
     pub inflight_sends_max: usize,
     /// How far ahead a scheduled message's delivery time may be (DELAY topics), in ms.
     pub delivery_horizon_ms: u64,
+    /// A transaction left open this long is checked with its producer (and again each time
+    /// after as long), in ms.
+    pub txn_check_interval_ms: u64,
+    /// Checks left unanswered after which a transaction is rolled back.
+    pub txn_checks_max: u32,
 }
+
+/// The default [`Limits::txn_check_interval_ms`]: 60 s, as RocketMQ's.
+pub const TXN_CHECK_INTERVAL_MS_DEFAULT: u64 = 60_000;
+/// The default [`Limits::txn_checks_max`]: 15, as RocketMQ's.
+pub const TXN_CHECKS_MAX_DEFAULT: u32 = 15;
 
 /// The default [`Limits::delivery_horizon_ms`]: 40 days, as RocketMQ's timer.
 pub const DELIVERY_HORIZON_MS_DEFAULT: u64 = 40 * 24 * 3600 * 1000;
@@ -44,6 +54,8 @@ impl Default for Limits {
             pull_wait_ms_max: 30_000,
             inflight_sends_max: 4096,
             delivery_horizon_ms: DELIVERY_HORIZON_MS_DEFAULT,
+            txn_check_interval_ms: TXN_CHECK_INTERVAL_MS_DEFAULT,
+            txn_checks_max: TXN_CHECKS_MAX_DEFAULT,
         }
     }
 }
@@ -357,6 +369,15 @@ impl Config {
                 "preferred_leader",
                 format!("node {p} is not among the peers"),
             ));
+        }
+        if self.limits.txn_check_interval_ms < 100 {
+            return Err(invalid(
+                "limits.txn_check_interval_ms",
+                "must be at least 100",
+            ));
+        }
+        if self.limits.txn_checks_max == 0 {
+            return Err(invalid("limits.txn_checks_max", "must be at least 1"));
         }
         if self.register_interval_ms < 100 {
             return Err(invalid("register_interval_ms", "must be at least 100"));

@@ -177,6 +177,20 @@ pub enum Refused {
         /// The topic.
         topic: String,
     },
+    /// An end of a transaction that is not open.
+    #[error(
+        "transaction {id} of topic {topic} is not open: it was committed or rolled back \
+         already (a check-back's answer, or {checks} unanswered checks, may have ended it), or \
+         it never began"
+    )]
+    TransactionNotOpen {
+        /// The transaction id asked for.
+        id: String,
+        /// The topic.
+        topic: String,
+        /// Checks after which an unanswered transaction is rolled back.
+        checks: u32,
+    },
     /// A pull from an offset outside what the queue holds; the reply carries the range.
     #[error("offset {offset} is outside the queue's range [{min}, {max}]")]
     OffsetOutOfRange {
@@ -360,6 +374,7 @@ impl Error {
                 Refused::GroupExists { .. } => ErrorCode::GroupExists,
                 Refused::IllegalDeliveryTime { .. } => ErrorCode::IllegalDeliveryTime,
                 Refused::NotScheduled { .. } => ErrorCode::NotScheduled,
+                Refused::TransactionNotOpen { .. } => ErrorCode::TransactionNotOpen,
             },
             Error::Unavailable(u) => match u {
                 Unavailable::Busy => ErrorCode::Busy,

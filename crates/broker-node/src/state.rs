@@ -425,6 +425,26 @@ pub const SCHEDULED: u64 = u64::MAX;
 pub const TYPE_FIFO: u32 = 1;
 /// `raftmq.v1.TopicMessageType.DELAY`.
 pub const TYPE_DELAY: u32 = 2;
+/// `raftmq.v1.TopicMessageType.TRANSACTION`.
+pub const TYPE_TRANSACTION: u32 = 3;
+
+/// The property a half message stored again (by a check-back or retention) carries: its
+/// transaction, `log_index.position` of where it was first stored.
+pub const TXN_PROPERTY: &str = "__rmq.txn";
+
+/// The transaction a half message stored again carries ([`TXN_PROPERTY`]).
+fn txn_of(m: &BodyView) -> Option<(u64, u32)> {
+    m.properties
+        .iter()
+        .find(|(k, _)| *k == TXN_PROPERTY)
+        .and_then(|(_, v)| parse_txn(v))
+}
+
+/// A [`TXN_PROPERTY`] value: (log index, position).
+pub fn parse_txn(v: &str) -> Option<(u64, u32)> {
+    let (i, p) = v.split_once('.')?;
+    Some((i.parse().ok()?, p.parse().ok()?))
+}
 
 /// Version 1 of the snapshot: [`BrokerState`]'s first fields, as earlier builds wrote them.
 #[derive(Deserialize)]
@@ -823,6 +843,54 @@ impl BrokerState {
                     ))
                 }
             }
+            CommandView::EndTxn {
+                topic,
+                queue,
+                now_ms,
+                check_at_ms,
+                log_index,
+                position,
+                commit,
+                messages,
+            } => {
+                self.stamp(now_ms);
+                if !self
+                    .timer
+                    .holds_half(check_at_ms, (log_index, position), &topic, queue)
+                {
+                    return Reply::NotScheduled(format!(
+                        "no transaction is open with its half message at {log_index}/{position} \
+                         of {topic} queue {queue} (committed, rolled back, or checked since)"
+                    ));
+                }
+                if !commit {
+                    self.timer.remove(check_at_ms, (log_index, position));
+                    return Reply::Ok;
+                }
+                if messages.len() != 1 {
+                    return Reply::Invalid(format!(
+                        "a commit carries {} messages instead of its half message",
+                        messages.len()
+                    ));
+                }
+                let Some(q) = self
+                    .topics
+                    .get_mut(&topic)
+                    .and_then(|t| t.queues.get_mut(queue as usize))
+                else {
+                    return Reply::TopicNotFound(topic);
+                };
+                self.timer.remove(check_at_ms, (log_index, position));
+                let first = q.append(index, now_ms, P_MSGID, &messages);
+                self.messages_total += 1;
+                Reply::Sent {
+                    queue,
+                    first_offset: first,
+                    count: 1,
+                    log_index: index,
+                    duplicate: false,
+                }
+            }
             CommandView::DeadLetter {
                 group,
                 topic,
@@ -1003,7 +1071,7 @@ impl BrokerState {
             return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
         }
         let ty = self.topic_type(topic);
-        if ty != TYPE_DELAY {
+        if ty != TYPE_DELAY && ty != TYPE_TRANSACTION {
             return Reply::Invalid(format!(
                 "topic {topic} is of type {}: only a DELAY topic takes delivery times",
                 type_name(ty)
@@ -1041,21 +1109,42 @@ impl BrokerState {
                 }
             }
         } else {
-            if let Some((&(li, p), at)) = replaces
-                .iter()
-                .zip(times)
-                .find(|&(&(li, p), &at)| !self.timer.holds(at, (li, p), topic, queue))
-            {
-                return Reply::NotScheduled(format!(
-                    "message {li}/{p} does not wait for {topic} queue {queue} at {at}"
-                ));
+            // Where each replaced message waits now: a scheduled message at its (unchanged)
+            // time; a half message, found by its transaction, at its check time.
+            let mut found = Vec::with_capacity(replaces.len());
+            for (i, (&(li, p), &at)) in replaces.iter().zip(times).enumerate() {
+                let now_at = if ty == TYPE_TRANSACTION {
+                    let txn = txn_of(&messages[i]).unwrap_or((li, p));
+                    self.timer
+                        .txn(txn)
+                        .filter(|w| {
+                            (w.log_index, w.position, w.queue) == (li, p, queue)
+                                && *w.topic == *topic
+                        })
+                        .map(|w| w.deliver_at_ms)
+                } else {
+                    self.timer.holds(at, (li, p), topic, queue).then_some(at)
+                };
+                let Some(now_at) = now_at else {
+                    return Reply::NotScheduled(format!(
+                        "message {li}/{p} does not wait for {topic} queue {queue}"
+                    ));
+                };
+                found.push((now_at, (li, p)));
             }
-            for (&(li, p), &at) in replaces.iter().zip(times) {
-                self.timer.remove(at, (li, p));
+            for (at, place) in found {
+                self.timer.remove(at, place);
             }
         }
         for (i, &at) in times.iter().enumerate() {
-            self.timer.add(at, (index, i as u32), topic, queue);
+            if ty == TYPE_TRANSACTION {
+                // A half message: its transaction is where it was first stored.
+                let txn = txn_of(&messages[i]).unwrap_or((index, i as u32));
+                self.timer
+                    .add_half(at, (index, i as u32), (topic, queue), txn);
+            } else {
+                self.timer.add(at, (index, i as u32), topic, queue);
+            }
         }
         for k in keys.into_iter().flatten() {
             self.sent_ids.insert(k, queue, SCHEDULED);
@@ -1923,5 +2012,104 @@ mod schedule_tests {
                 a.timer.due(3_000, 100, |_| false)
             );
         }
+    }
+    fn end_txn(check_at: u64, at: (u64, u32), commit: bool, id: &str) -> Command {
+        Command::EndTxn {
+            topic: "x".into(),
+            queue: 1,
+            now_ms: 5_000,
+            check_at_ms: check_at,
+            log_index: at.0,
+            position: at.1,
+            commit,
+            messages: if commit { vec![msg(id)] } else { vec![] },
+        }
+    }
+
+    /// 6. A TRANSACTION topic's messages wait as half messages: never delivered by time, stored
+    ///    by a commit once (a repeat finds nothing), dropped by a rollback; a check-back moves
+    ///    one (same transaction), after which only its new place ends it.
+    #[test]
+    fn t6_half_messages_end_once_by_commit_or_rollback() {
+        let mut st = BrokerState::default();
+        topic(&mut st, 1, "x", TYPE_TRANSACTION);
+        let mut half = schedule(2, (7, 1), &[60_000, 60_000, 60_000], &["a", "b", "c"]);
+        if let Command::Schedule { topic, .. } = &mut half {
+            *topic = "x".into();
+        }
+        assert!(matches!(
+            apply(&mut st, 2, half),
+            Reply::Scheduled { count: 3, .. }
+        ));
+        assert_eq!(st.timer.count("x"), 3);
+        assert!(
+            st.timer.due(u64::MAX, 10, |_| false).is_empty(),
+            "never due by time"
+        );
+        // A Deliver cannot carry a half message out.
+        let mut d = deliver(70_000, &[(60_000, 2, 0)], &["a"]);
+        if let Command::Deliver { topic, .. } = &mut d {
+            *topic = "x".into();
+        }
+        assert!(matches!(apply(&mut st, 3, d), Reply::NotScheduled(_)));
+        // Commit a: stored once.
+        let r = apply(&mut st, 4, end_txn(60_000, (2, 0), true, "a"));
+        assert!(
+            matches!(
+                r,
+                Reply::Sent {
+                    first_offset: 0,
+                    count: 1,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        let r = apply(&mut st, 5, end_txn(60_000, (2, 0), true, "a"));
+        assert!(matches!(r, Reply::NotScheduled(_)), "{r:?}");
+        assert_eq!(st.queue("x", 1).unwrap().next_offset, 1);
+        // Roll back b.
+        assert_eq!(
+            apply(&mut st, 6, end_txn(60_000, (2, 1), false, "")),
+            Reply::Ok
+        );
+        assert!(st.timer.txn((2, 1)).is_none());
+        // A check-back moves c to entry 7 (next check at 120 s), keeping its transaction.
+        let mut c = msg("c");
+        c.properties.push((TXN_PROPERTY.into(), "2.2".into()));
+        let roll = Command::Schedule {
+            topic: "x".into(),
+            queue: 1,
+            producer_id: 0,
+            sequence: 0,
+            timestamp_ms: 60_001,
+            id_property: String::new(),
+            deliver_at_ms: vec![120_000],
+            replaces: vec![(2, 2)],
+            messages: vec![c],
+        };
+        let r = apply(&mut st, 7, roll);
+        assert!(matches!(r, Reply::Scheduled { .. }), "{r:?}");
+        let w = st.timer.txn((2, 2)).unwrap();
+        assert_eq!((w.log_index, w.deliver_at_ms), (7, 120_000));
+        let r = apply(&mut st, 8, end_txn(60_000, (2, 2), true, "c"));
+        assert!(matches!(r, Reply::NotScheduled(_)), "the old place: {r:?}");
+        let r = apply(&mut st, 9, end_txn(120_000, (7, 0), true, "c"));
+        assert!(
+            matches!(
+                r,
+                Reply::Sent {
+                    first_offset: 1,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+        assert_eq!(st.timer.count("x"), 0);
+        assert_eq!(
+            st.timer.oldest_entry(),
+            None,
+            "retention may pass every entry"
+        );
     }
 }

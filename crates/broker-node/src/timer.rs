@@ -12,6 +12,11 @@
 //! the retention point, and every retained entry after it is re-applied (on restart) or replicated
 //! (to a peer that installed the snapshot), which rebuilds this index.
 //!
+//! Half messages of TRANSACTION topics wait here too, apart (`half`): indexed by their next check
+//! time, never delivered by time, only by an `EndTxn` that commits them (or dropped by one that
+//! rolls them back). Each keeps the transaction id it was stored under (its first location),
+//! so a commit finds it after the check-backs moved it.
+//!
 //! Memory: one B-tree item of 24 bytes per waiting message (a 16-byte key, a topic number and a
 //! queue), plus one item per `Schedule` entry with messages waiting. `cargo test -p
 //! raftmq-broker-node --test timer_memory -- --nocapture` measures it per million.
@@ -44,7 +49,12 @@ pub struct Waiting {
     pub position: u32,
     pub topic: Arc<str>,
     pub queue: u32,
+    /// A half message's transaction: the (log index, position) it was first stored at.
+    pub txn: Option<(u64, u32)>,
 }
+
+/// A half message in the index: (topic number, queue, transaction).
+type Half = (u32, u32, (u64, u32));
 
 #[derive(Debug, Default)]
 pub struct Timer {
@@ -55,8 +65,12 @@ pub struct Timer {
     /// Topic numbers: names by number, and numbers by name.
     names: Vec<Arc<str>>,
     numbers: HashMap<Arc<str>, u32>,
-    /// Messages waiting, by topic number.
+    /// Messages waiting, by topic number (half messages too).
     counts: Vec<u64>,
+    /// Half messages by (next check time, location).
+    half: BTreeMap<(u64, Location), Half>,
+    /// Transaction → (next check time, location) of its half message.
+    txns: HashMap<(u64, u32), (u64, Location)>,
 }
 
 impl Timer {
@@ -92,6 +106,85 @@ impl Timer {
         }
     }
 
+    /// Indexes a half message of transaction `txn` stored at (`log_index`, `position`) for
+    /// `topic`/`queue`, next checked at `check_at_ms`.
+    pub fn add_half(
+        &mut self,
+        check_at_ms: u64,
+        (log_index, position): (u64, u32),
+        (topic, queue): (&str, u32),
+        txn: (u64, u32),
+    ) {
+        let n = self.number(topic);
+        let loc = location(log_index, position);
+        if self
+            .half
+            .insert((check_at_ms, loc), (n, queue, txn))
+            .is_none()
+        {
+            *self.entries.entry(log_index).or_default() += 1;
+            self.counts[n as usize] += 1;
+        }
+        self.txns.insert(txn, (check_at_ms, loc));
+    }
+
+    /// Whether a half message waits at `at` with its check time, for `topic`/`queue`.
+    pub fn holds_half(
+        &self,
+        check_at_ms: u64,
+        (log_index, position): (u64, u32),
+        topic: &str,
+        queue: u32,
+    ) -> bool {
+        let Some(&n) = self.numbers.get(topic) else {
+            return false;
+        };
+        self.half
+            .get(&(check_at_ms, location(log_index, position)))
+            .is_some_and(|&(hn, hq, _)| (hn, hq) == (n, queue))
+    }
+
+    /// The half message of transaction `txn`, if it is still open.
+    pub fn txn(&self, txn: (u64, u32)) -> Option<Waiting> {
+        let &(at, loc) = self.txns.get(&txn)?;
+        let h = self.half.get(&(at, loc))?;
+        Some(self.half_waiting(&(at, loc), h))
+    }
+
+    /// Half messages whose check time is at or before `now_ms`, earliest first, at most `max`.
+    pub fn checks_due(&self, now_ms: u64, max: usize) -> Vec<Waiting> {
+        self.half
+            .range(..(now_ms.saturating_add(1), 0))
+            .take(max)
+            .map(|(k, v)| self.half_waiting(k, v))
+            .collect()
+    }
+
+    /// A topic's open transactions (at most `max`), by next check time.
+    pub fn open_txns(&self, topic: &str, max: usize) -> Vec<Waiting> {
+        let Some(&n) = self.numbers.get(topic) else {
+            return Vec::new();
+        };
+        self.half
+            .iter()
+            .filter(|(_, v)| v.0 == n)
+            .take(max)
+            .map(|(k, v)| self.half_waiting(k, v))
+            .collect()
+    }
+
+    fn half_waiting(&self, &(at, loc): &(u64, Location), &(n, queue, txn): &Half) -> Waiting {
+        let (log_index, position) = unpack(loc);
+        Waiting {
+            deliver_at_ms: at,
+            log_index,
+            position,
+            topic: self.names[n as usize].clone(),
+            queue,
+            txn: Some(txn),
+        }
+    }
+
     /// Whether the message at `at` waits, due at `deliver_at_ms`, for `topic`/`queue`.
     pub fn holds(
         &self,
@@ -108,13 +201,20 @@ impl Timer {
             .is_some_and(|&v| v == (n, queue))
     }
 
-    /// Drops a waiting message; whether it waited.
+    /// Drops a waiting message (or half message); whether it waited.
     pub fn remove(&mut self, deliver_at_ms: u64, (log_index, position): (u64, u32)) -> bool {
-        let Some((n, _)) = self
-            .due
-            .remove(&(deliver_at_ms, location(log_index, position)))
-        else {
-            return false;
+        let key = (deliver_at_ms, location(log_index, position));
+        let n = match self.due.remove(&key) {
+            Some((n, _)) => n,
+            None => match self.half.remove(&key) {
+                Some((n, _, txn)) => {
+                    if self.txns.get(&txn) == Some(&key) {
+                        self.txns.remove(&txn);
+                    }
+                    n
+                }
+                None => return false,
+            },
         };
         self.counts[n as usize] -= 1;
         if let Some(c) = self.entries.get_mut(&log_index) {
@@ -136,6 +236,7 @@ impl Timer {
             .iter()
             .filter(|(_, v)| v.0 == n)
             .map(|(k, _)| *k)
+            .chain(self.half.iter().filter(|(_, v)| v.0 == n).map(|(k, _)| *k))
             .collect();
         for &(at, loc) in &gone {
             self.remove(at, unpack(loc));
@@ -152,16 +253,17 @@ impl Timer {
             position,
             topic: self.names[n as usize].clone(),
             queue,
+            txn: None,
         }
     }
 
-    /// Messages waiting.
+    /// Messages waiting (half messages too).
     pub fn len(&self) -> usize {
-        self.due.len()
+        self.due.len() + self.half.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.due.is_empty()
+        self.len() == 0
     }
 
     /// The log index of the oldest entry with a message still waiting: retention keeps it.
@@ -175,11 +277,17 @@ impl Timer {
         if self.oldest_entry().is_none_or(|o| o > log_index) {
             return Vec::new();
         }
+        let half = self
+            .half
+            .iter()
+            .filter(|(k, _)| unpack(k.1).0 <= log_index)
+            .map(|(k, v)| self.half_waiting(k, v));
         self.due
             .iter()
             .filter(|(k, _)| unpack(k.1).0 <= log_index)
-            .take(max)
             .map(|(k, v)| self.waiting(k, v))
+            .chain(half)
+            .take(max)
             .collect()
     }
 
@@ -216,7 +324,8 @@ impl Timer {
             return (0, None);
         }
         let next = self.due.iter().find(|(_, v)| v.0 == n).map(|(k, _)| k.0);
-        (count, next)
+        let check = self.half.iter().find(|(_, v)| v.0 == n).map(|(k, _)| k.0);
+        (count, next.into_iter().chain(check).min())
     }
 }
 
@@ -277,5 +386,38 @@ mod tests {
         for (i, p) in [(0, 0), (1, 65_535), (1 << 40, 7)] {
             assert_eq!(unpack(location(i, p)), (i, p));
         }
+    }
+
+    /// 4. Half messages wait apart: never due by time, found by their transaction after a move
+    ///    (a check-back stores them again elsewhere), dropped once.
+    #[test]
+    fn t4_half_messages_wait_apart_and_are_found_by_transaction() {
+        let mut t = Timer::default();
+        t.add(100, (5, 0), "d", 0);
+        t.add_half(50, (6, 0), ("tx", 1), (6, 0));
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t.due(1000, 10, |_| false).len(),
+            1,
+            "a half message is never due"
+        );
+        assert_eq!(t.next_due_ms(), Some(100));
+        assert_eq!(t.checks_due(50, 10)[0].txn, Some((6, 0)));
+        assert!(t.checks_due(49, 10).is_empty());
+        assert!(t.holds_half(50, (6, 0), "tx", 1) && !t.holds(50, (6, 0), "tx", 1));
+        // A check-back moves it: entry 9, next check at 70; the transaction finds the move.
+        assert!(t.remove(50, (6, 0)));
+        t.add_half(70, (9, 0), ("tx", 1), (6, 0));
+        let w = t.txn((6, 0)).unwrap();
+        assert_eq!((w.deliver_at_ms, w.log_index, w.queue), (70, 9, 1));
+        assert_eq!(t.topic("tx"), (1, Some(70)));
+        assert_eq!(t.open_txns("tx", 10).len(), 1);
+        assert_eq!(t.waiting_upto(9, 10).len(), 2);
+        assert!(t.remove(70, (9, 0)));
+        assert!(t.txn((6, 0)).is_none(), "resolved");
+        assert_eq!(t.oldest_entry(), Some(5));
+        t.add_half(80, (10, 0), ("tx", 0), (10, 0));
+        assert_eq!(t.drop_topic("tx"), 1);
+        assert!(t.txn((10, 0)).is_none());
     }
 }

@@ -122,6 +122,7 @@ pub fn code_of_v1(code: i32) -> Code {
         ErrorCode::InvalidReceiptHandle => Code::InvalidReceiptHandle,
         ErrorCode::IllegalDeliveryTime => Code::IllegalDeliveryTime,
         ErrorCode::NotScheduled => Code::BadRequest,
+        ErrorCode::TransactionNotOpen => Code::InvalidTransactionId,
     }
 }
 
@@ -164,6 +165,7 @@ mod tests {
             (ErrorCode::GroupExists, Code::BadRequest),
             (ErrorCode::IllegalDeliveryTime, Code::IllegalDeliveryTime),
             (ErrorCode::NotScheduled, Code::BadRequest),
+            (ErrorCode::TransactionNotOpen, Code::InvalidTransactionId),
         ];
         for (v1, v2) in table {
             assert_eq!(code_of_v1(v1 as i32), v2, "{}", v1.as_str_name());

@@ -93,6 +93,8 @@ v1_rpcs! {
     ChangeInvisibleRequest => ChangeInvisibleResponse, change_invisible;
     DeadLetterRequest => DeadLetterResponse, dead_letter;
     RecallRequest => RecallResponse, recall;
+    EndTransactionRequest => EndTransactionResponse, end_transaction;
+    TakeTransactionChecksRequest => TakeTransactionChecksResponse, take_transaction_checks;
 }
 
 /// A peer its leader has not heard from for this long is left out of routes.
@@ -335,12 +337,14 @@ mod tests {
         ChangeInvisibleRequest, ChangeInvisibleResponse, CommitOffsetRequest, CommitOffsetResponse,
         CreateGroupRequest, CreateGroupResponse, CreateTopicRequest, CreateTopicResponse,
         DeadLetterRequest, DeadLetterResponse, DeleteGroupRequest, DeleteGroupResponse,
-        DeleteTopicRequest, DeleteTopicResponse, FetchOffsetRequest, FetchOffsetResponse,
-        HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse,
-        ListGroupsRequest, ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef,
-        NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
+        DeleteTopicRequest, DeleteTopicResponse, EndTransactionRequest, EndTransactionResponse,
+        FetchOffsetRequest, FetchOffsetResponse, HeartbeatRequest, HeartbeatResponse,
+        LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+        ListTopicsRequest, ListTopicsResponse, ListTransactionsRequest, ListTransactionsResponse,
+        NodeRef, NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
         PopResponse, PullRequest, PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest,
-        ResetOffsetResponse, SendRequest, SendResponse, SendResult,
+        ResetOffsetResponse, SendRequest, SendResponse, SendResult, TakeTransactionChecksRequest,
+        TakeTransactionChecksResponse,
     };
 
     use super::*;
@@ -421,6 +425,9 @@ mod tests {
         dead_letter(DeadLetterRequest) -> DeadLetterResponse;
         reset_offset(ResetOffsetRequest) -> ResetOffsetResponse;
         recall(RecallRequest) -> RecallResponse;
+        end_transaction(EndTransactionRequest) -> EndTransactionResponse;
+        list_transactions(ListTransactionsRequest) -> ListTransactionsResponse;
+        take_transaction_checks(TakeTransactionChecksRequest) -> TakeTransactionChecksResponse;
     }
 
     fn forwarder(not_leader: u32, leader: Option<&str>) -> Forwarder<Fake> {

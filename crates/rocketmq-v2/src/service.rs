@@ -77,6 +77,9 @@ struct Inner<B> {
     groups: Mutex<Option<Cached<HashMap<String, v1::GroupConfig>>>>,
     /// Clients by `x-mq-client-id`, for liveness and the topics of consumer heartbeats.
     clients: Mutex<HashMap<String, ClientEntry>>,
+    /// Producers with a telemetry stream open here, by client id: what the transaction checker
+    /// asks about their topics' open transactions.
+    producers: Mutex<HashMap<String, ProducerStream>>,
     /// The first idempotent producer id of this front (its lanes follow).
     producer_base: u64,
     sequence: AtomicU64,
@@ -88,6 +91,17 @@ struct Inner<B> {
 }
 
 type Cached<T> = (Instant, Arc<T>);
+
+/// A producer's telemetry stream: the topics it publishes and where its commands go.
+struct ProducerStream {
+    topics: Vec<String>,
+    tx: mpsc::Sender<Result<pb::TelemetryCommand, Status>>,
+}
+
+/// How often the front claims the due transactions of its producers' topics.
+const TXN_CHECK_POLL: Duration = Duration::from_secs(1);
+/// Transactions claimed per topic and broker group per poll.
+const TXN_CHECKS_PER_POLL: u32 = 100;
 
 #[derive(Debug, Clone)]
 struct ClientEntry {
@@ -189,7 +203,7 @@ impl<B: BrokerService> Front<B> {
     pub fn new(local: Arc<B>, cfg: FrontConfig) -> Self {
         let pool = Pool::default();
         let base = (rand::random::<u64>() & !(PRODUCER_LANES - 1)).max(PRODUCER_LANES);
-        Front {
+        let front = Front {
             inner: Arc::new(Inner {
                 fwd: Forwarder::new(local, cfg.advertise.clone(), pool.clone()),
                 routes: Routes::new(cfg.nameservers.clone(), pool),
@@ -197,17 +211,84 @@ impl<B: BrokerService> Front<B> {
                 topic_types: Mutex::default(),
                 groups: Mutex::default(),
                 clients: Mutex::default(),
+                producers: Mutex::default(),
                 producer_base: base,
                 sequence: AtomicU64::new(1),
                 combiner: Arc::default(),
                 resends: resend::Memo::default(),
                 rotation: AtomicUsize::new(0),
             }),
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let inner = Arc::downgrade(&front.inner);
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(TXN_CHECK_POLL).await;
+                    let Some(inner) = inner.upgrade() else { break };
+                    inner.check_transactions().await;
+                }
+            });
         }
+        front
     }
 }
 
 impl<B: BrokerService> Inner<B> {
+    /// One round of the transaction checker: for every topic a producer connected here
+    /// publishes, claims its due transactions from each broker group holding it as a
+    /// TRANSACTION topic, and asks a producer of the topic about each
+    /// (`RecoverOrphanedTransactionCommand`); the producer answers with `EndTransaction`.
+    async fn check_transactions(self: &Arc<Self>) {
+        let mut by_topic: BTreeMap<String, Vec<mpsc::Sender<_>>> = BTreeMap::new();
+        for p in lock(&self.producers).values() {
+            for t in &p.topics {
+                by_topic.entry(t.clone()).or_default().push(p.tx.clone());
+            }
+        }
+        for (topic, streams) in by_topic {
+            let Ok(route) = self.routes.route(&topic).await else {
+                continue;
+            };
+            for g in &route.brokers {
+                if self.topic_types(g).await.get(&topic) != Some(&TopicMessageType::Transaction) {
+                    continue;
+                }
+                let take = v1::TakeTransactionChecksRequest {
+                    topic: topic.clone(),
+                    max: TXN_CHECKS_PER_POLL,
+                };
+                let target = self.target_of_route(g);
+                let reply = match self.fwd.call_ok(&target, take, CALL_TIMEOUT).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::debug!(%topic, error = %e, "transaction checks not claimed");
+                        continue;
+                    }
+                };
+                let resource = pb::Resource {
+                    name: topic.clone(),
+                    ..Default::default()
+                };
+                for (i, t) in reply.transactions.into_iter().enumerate() {
+                    let Some(m) = &t.message else { continue };
+                    let message = convert::to_v2(m, &resource, &self.cfg.advertise, None);
+                    let cmd = pb::TelemetryCommand {
+                        status: Some(ok()),
+                        command: Some(TelemetryCmd::RecoverOrphanedTransactionCommand(
+                            pb::RecoverOrphanedTransactionCommand {
+                                message: Some(message),
+                                transaction_id: t.transaction_id,
+                            },
+                        )),
+                    };
+                    // A stream that is full or gone misses this check; the next comes an
+                    // interval later.
+                    let _ = streams[i % streams.len()].try_send(Ok(cmd));
+                }
+            }
+        }
+    }
+
     /// The route without the nodes of this group its leader has not heard from for
     /// [`crate::forward::PEER_SILENT_MS`]: the nameservers list a dead node until its
     /// registration expires, and a client would keep trying it (the Rust 5.0.0 client panics when
@@ -515,17 +596,22 @@ impl<B: BrokerService> Inner<B> {
             .iter()
             .zip(offsets)
             .map(|(m, o)| {
-                let (offset, recall_handle) = match o {
+                let (offset, mut recall_handle) = match o {
                     u64::MAX => (-1, String::new()),
                     o if o & SCHEDULED_BIT != 0 => (0, recall_handle(&g.name, o)),
                     o => (o as i64, String::new()),
                 };
+                // A half message is named by its transaction id instead (its raftmq id).
+                let mut transaction_id = String::new();
+                if topic_type == TopicMessageType::Transaction {
+                    transaction_id = std::mem::take(&mut recall_handle);
+                }
                 pb::SendResultEntry {
                     status: Some(ok()),
                     message_id: message_id(m),
                     offset,
                     recall_handle,
-                    ..Default::default()
+                    transaction_id,
                 }
             })
             .collect())
@@ -1168,10 +1254,46 @@ impl<B: BrokerService> MessagingService for Front<B> {
 
     async fn end_transaction(
         &self,
-        _request: Request<pb::EndTransactionRequest>,
+        request: Request<pb::EndTransactionRequest>,
     ) -> Result<Response<pb::EndTransactionResponse>, Status> {
+        let req = request.into_inner();
+        let topic = name(&req.topic).to_string();
+        let outcome = async {
+            let commit = match pb::TransactionResolution::try_from(req.resolution) {
+                Ok(pb::TransactionResolution::Commit) => true,
+                Ok(pb::TransactionResolution::Rollback) => false,
+                _ => {
+                    return Err(Error::bad_request(
+                        "EndTransaction needs the resolution COMMIT or ROLLBACK (the \
+                         transaction stays open and is checked again)",
+                    ));
+                }
+            };
+            let Some((broker, _, _)) = raftmq_proto::split_msg_id(&req.transaction_id) else {
+                return Err(Error::refused(
+                    Code::InvalidTransactionId,
+                    format!(
+                        "transaction id {:?} is not one the send of a transactional message \
+                         returned",
+                        req.transaction_id
+                    ),
+                ));
+            };
+            let target = self.inner.target_of(broker, &topic).await?;
+            let end = v1::EndTransactionRequest {
+                topic: topic.clone(),
+                transaction_id: req.transaction_id.clone(),
+                commit,
+                from_check: req.source == pb::TransactionSource::SourceServerCheck as i32,
+            };
+            self.inner.fwd.call_ok(&target, end, CALL_TIMEOUT).await
+        };
+        let status = match outcome.await {
+            Ok(_) => ok(),
+            Err(e) => e.status(),
+        };
         Ok(Response::new(pb::EndTransactionResponse {
-            status: Some(not_implemented("EndTransaction (transactional messages)")),
+            status: Some(status),
         }))
     }
 
@@ -1195,6 +1317,14 @@ impl<B: BrokerService> MessagingService for Front<B> {
                     _ => None,
                 };
                 inner.remember(&client, group.as_deref(), Some(&s));
+                if let Some(PubSub::Publishing(p)) = &s.pub_sub {
+                    let topics = p.topics.iter().map(|t| t.name.clone()).collect();
+                    let stream = ProducerStream {
+                        topics,
+                        tx: tx.clone(),
+                    };
+                    lock(&inner.producers).insert(client.clone(), stream);
+                }
                 let config = match &group {
                     Some(g) => inner.group_config(g).await,
                     None => None,
@@ -1212,6 +1342,13 @@ impl<B: BrokerService> MessagingService for Front<B> {
                 if tx.send(answer).await.is_err() || last {
                     break;
                 }
+            }
+            let mut producers = lock(&inner.producers);
+            if producers
+                .get(&client)
+                .is_some_and(|p| p.tx.same_channel(&tx))
+            {
+                producers.remove(&client);
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -232,6 +232,24 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "11026731066f7264657273e807b0ea0100010107effdb6f50d010107",
         ),
+        (
+            Command::EndTxn {
+                topic: "orders".into(),
+                queue: 1,
+                now_ms: 1_700_000_030_005,
+                check_at_ms: 1_700_000_060_000,
+                log_index: 88,
+                position: 0,
+                commit: true,
+                messages: vec![StoredBody {
+                    key: String::new(),
+                    tag: "t".into(),
+                    body: bytes::Bytes::from_static(b"x"),
+                    properties: vec![],
+                }],
+            },
+            "12066f726465727301b5ba97ffbc31e0a499ffbc3158000101000174017800",
+        ),
     ]
 }
 
@@ -581,8 +599,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 18, which this broker-node does not know (command \
-         format version 1 has tags 0..18): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 19, which this broker-node does not know (command \
+         format version 1 has tags 0..19): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.

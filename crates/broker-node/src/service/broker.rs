@@ -9,12 +9,14 @@ use raftmq_proto::v1::{
     ChangeInvisibleRequest, ChangeInvisibleResponse, CommitOffsetRequest, CommitOffsetResponse,
     CreateGroupRequest, CreateGroupResponse, CreateTopicRequest, CreateTopicResponse,
     DeadLetterRequest, DeadLetterResponse, DeleteGroupRequest, DeleteGroupResponse,
-    DeleteTopicRequest, DeleteTopicResponse, FetchOffsetRequest, FetchOffsetResponse,
-    HeartbeatRequest, HeartbeatResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
-    ListGroupsResponse, ListTopicsRequest, ListTopicsResponse, NodeRef, NodeStatusRequest,
-    NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest, PopResponse, PullRequest,
-    PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest, ResetOffsetResponse,
-    SendRequest, SendResponse, TopicConfig,
+    DeleteTopicRequest, DeleteTopicResponse, EndTransactionRequest, EndTransactionResponse,
+    FetchOffsetRequest, FetchOffsetResponse, HeartbeatRequest, HeartbeatResponse,
+    LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest, ListGroupsResponse,
+    ListTopicsRequest, ListTopicsResponse, ListTransactionsRequest, ListTransactionsResponse,
+    NodeRef, NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
+    PopResponse, PullRequest, PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest,
+    ResetOffsetResponse, SendRequest, SendResponse, TakeTransactionChecksRequest,
+    TakeTransactionChecksResponse, TopicConfig,
 };
 use tonic::{Request, Response, Status};
 
@@ -406,5 +408,47 @@ impl BrokerService for Broker {
                 deliver_at_ms: 0,
             },
         }))
+    }
+
+    async fn end_transaction(
+        &self,
+        req: Request<EndTransactionRequest>,
+    ) -> Result<Response<EndTransactionResponse>, Status> {
+        Ok(Response::new(
+            Broker::end_transaction(self, req.into_inner())
+                .await
+                .unwrap_or_else(|e| EndTransactionResponse {
+                    error: Some(e.into()),
+                    ..Default::default()
+                }),
+        ))
+    }
+
+    async fn list_transactions(
+        &self,
+        req: Request<ListTransactionsRequest>,
+    ) -> Result<Response<ListTransactionsResponse>, Status> {
+        Ok(Response::new(
+            Broker::list_transactions(self, req.into_inner()).unwrap_or_else(|e| {
+                ListTransactionsResponse {
+                    error: Some(e.into()),
+                    ..Default::default()
+                }
+            }),
+        ))
+    }
+
+    async fn take_transaction_checks(
+        &self,
+        req: Request<TakeTransactionChecksRequest>,
+    ) -> Result<Response<TakeTransactionChecksResponse>, Status> {
+        Ok(Response::new(
+            Broker::take_transaction_checks(self, req.into_inner())
+                .await
+                .unwrap_or_else(|e| TakeTransactionChecksResponse {
+                    error: Some(e.into()),
+                    ..Default::default()
+                }),
+        ))
     }
 }

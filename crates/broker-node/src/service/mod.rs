@@ -21,6 +21,7 @@ mod reads;
 pub mod schedule;
 pub mod send;
 mod status;
+pub mod txn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,9 +109,16 @@ impl Broker {
     async fn propose(&self, cmd: Command) -> Result<(u64, Reply)> {
         let encoded = cmd.encode();
         // A command newer than the first release waits until every member can apply it.
-        if let Some(tag) = crate::features::tag_of(&encoded)
-            && tag >= crate::features::FIRST_RELEASE_COMMAND_TAGS
-        {
+        if let Some(tag) = crate::features::tag_of(&encoded) {
+            self.require_tag(tag).await?;
+        }
+        self.propose_encoded(encoded).await
+    }
+
+    /// Refuses (UNAVAILABLE, naming the member to upgrade) unless every member applies command
+    /// tag `tag`; the first release's commands always pass.
+    async fn require_tag(&self, tag: u32) -> Result<()> {
+        if tag >= crate::features::FIRST_RELEASE_COMMAND_TAGS {
             let st = self.node.member.status();
             let members: Vec<u64> = st.voters.iter().chain(&st.learners).copied().collect();
             let me = self.node.cfg.node_id;
@@ -137,6 +145,10 @@ impl Broker {
                 .into());
             }
         }
+        Ok(())
+    }
+
+    async fn propose_encoded(&self, encoded: Vec<u8>) -> Result<(u64, Reply)> {
         let (index, bytes) = self.node.member.propose(encoded.into()).await?;
         let reply = Reply::decode(&bytes).map_err(|err| Internal::BadReply {
             reason: err.to_string(),

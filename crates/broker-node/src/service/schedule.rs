@@ -13,6 +13,7 @@ use super::Broker;
 use crate::command::{Command, CommandView, Reply, StoredBody, msg_id};
 use crate::error::{Error, Internal, Refused, Result};
 use crate::node::Node;
+use crate::state::TXN_PROPERTY;
 use crate::timer::Waiting;
 use raftmq_rocketmq_v2::convert::P_MSGID;
 
@@ -253,12 +254,13 @@ impl Broker {
             position,
             topic: Arc::from(topic),
             queue,
+            txn: None,
         };
         Ok(waits.then_some((w, timestamp_ms, data)))
     }
 
     /// The entry at `index`, if this node's log holds it.
-    fn read_entry(&self, index: u64) -> Result<Option<bytes::Bytes>> {
+    pub(super) fn read_entry(&self, index: u64) -> Result<Option<bytes::Bytes>> {
         let entries = self
             .node
             .member
@@ -307,7 +309,7 @@ impl Broker {
     }
 
     /// The messages of `waiting`, read out of their `Schedule` entries (one read per entry).
-    fn read_waiting(&self, waiting: &[Waiting]) -> Result<Vec<StoredBody>> {
+    pub(super) fn read_waiting(&self, waiting: &[Waiting]) -> Result<Vec<StoredBody>> {
         let mut out = Vec::with_capacity(waiting.len());
         let mut cache: Option<(u64, bytes::Bytes)> = None;
         for w in waiting {
@@ -348,6 +350,12 @@ impl Broker {
                 P_MSGID.to_string(),
                 msg_id(&self.node.cfg.broker, w.log_index, w.position),
             ));
+        }
+        // A half message stored again keeps its transaction.
+        if let Some((li, p)) = w.txn
+            && !properties.iter().any(|(k, _)| k == TXN_PROPERTY)
+        {
+            properties.push((TXN_PROPERTY.to_string(), format!("{li}.{p}")));
         }
         Ok(StoredBody {
             key: m.key.to_string(),

@@ -103,12 +103,19 @@ impl Broker {
         // topic is refused.
         let topic_type = self.node.state_value(|s| s.topic_type(&req.topic));
         check_message_groups(&req, topic_type)?;
-        let times = super::schedule::delivery_times(
+        let mut times = super::schedule::delivery_times(
             &req,
             topic_type,
             timestamp_ms,
             self.node.cfg.limits.delivery_horizon_ms,
         )?;
+        if topic_type == crate::state::TYPE_TRANSACTION {
+            // Half messages: stored, invisible until their transaction commits; first checked
+            // with their producer an interval from now.
+            self.require_tag(super::txn::END_TXN_TAG).await?;
+            let at = timestamp_ms.saturating_add(self.node.cfg.limits.txn_check_interval_ms);
+            times = Some(vec![at; req.messages.len()]);
+        }
         if let Some(times) = times {
             let mut awaiting = Awaiting {
                 led_term,

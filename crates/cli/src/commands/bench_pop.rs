@@ -9,6 +9,10 @@
 //! 4. v2 receive + ack: `consumers` POP consumers of a new group, each ReceiveMessage of up to
 //!    `batch` then one AckMessage with every handle, until all `2 × count` messages are acked.
 //!
+//! With `--fifo-groups N`: FIFO messages instead, on the FIFO topic `<topic>-fifo`: `count`
+//! v2 sends spread over N message groups, then the receive + ack phase by a new FIFO consumer
+//! group, which gets a group's next message only once the one before it is acknowledged.
+//!
 //! Progress on stderr each second; figures as a table (or one JSON object with `--json`).
 
 use std::sync::Arc;
@@ -18,7 +22,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use raftmq_client::Admin;
+use raftmq_client::{Admin, ErrorCode};
+use raftmq_proto::v1::{GroupConfig, TopicMessageType};
 use raftmq_rocketmq_v2::pb;
 use raftmq_rocketmq_v2::pb::messaging_service_client::MessagingServiceClient;
 use serde_json::json;
@@ -53,6 +58,10 @@ pub struct PopBenchArgs {
     /// Give up the receive phase when nothing arrived for this long.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
+    /// FIFO mode: v2 sends over this many message groups on a FIFO topic, received by a FIFO
+    /// consumer group (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub fifo_groups: u64,
 }
 
 /// The figures of one phase.
@@ -191,22 +200,27 @@ fn reply_status(
     }
 }
 
+/// `count` sends of one message; FIFO messages over `fifo_groups` message groups when not 0.
 async fn v2_send(
     nodes: &[String],
     topic: &str,
-    count: u64,
-    size: usize,
-    inflight: usize,
+    (count, size, inflight): (u64, usize, usize),
+    fifo_groups: u64,
 ) -> Result<Phase> {
     let topic = topic.to_string();
     let call: Call = Box::new(move |mut c, n| {
+        let (message_type, message_group) = match fifo_groups {
+            0 => (pb::MessageType::Normal, None),
+            g => (pb::MessageType::Fifo, Some(format!("g{}", n % g))),
+        };
         let message = pb::Message {
             topic: Some(resource(&topic)),
             user_properties: Default::default(),
             system_properties: Some(pb::SystemProperties {
                 message_id: format!("BENCH{n:016X}"),
                 body_encoding: pb::Encoding::Identity as i32,
-                message_type: pb::MessageType::Normal as i32,
+                message_type: message_type as i32,
+                message_group,
                 born_host: "bench".into(),
                 ..Default::default()
             }),
@@ -222,7 +236,12 @@ async fn v2_send(
             reply_status(c.send_message(req).await.map(|r| r.into_inner().status))
         })
     });
-    call_loop("v2 send (1 msg per call)", nodes, count, inflight, call).await
+    let name = if fifo_groups > 0 {
+        "v2 FIFO send"
+    } else {
+        "v2 send (1 msg per call)"
+    };
+    call_loop(name, nodes, count, inflight, call).await
 }
 
 /// The same number of calls that do nothing (Heartbeat): what one call per message costs on this
@@ -245,11 +264,10 @@ async fn v2_noop(nodes: &[String], count: u64, inflight: usize) -> Result<Phase>
 
 async fn v2_receive_ack(
     nodes: &[String],
-    topic: &str,
+    (topic, group): (&str, &str),
     args: &PopBenchArgs,
     total: u64,
 ) -> Result<Phase> {
-    let group = format!("bench-pop-{:08x}", rand::random::<u32>());
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let last_progress = Arc::new(std::sync::Mutex::new(Instant::now()));
@@ -260,7 +278,7 @@ async fn v2_receive_ack(
     for i in 0..args.consumers.max(1) {
         let mut c = v2_client(&nodes[i % nodes.len()])?;
         let (done, failed, last) = (done.clone(), failed.clone(), last_progress.clone());
-        let (group, topic, batch) = (group.clone(), topic.to_string(), args.batch);
+        let (group, topic, batch) = (group.to_string(), topic.to_string(), args.batch);
         let client_id = format!("bench-consumer-{i}");
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -349,7 +367,11 @@ async fn v2_receive_ack(
         .map(|l| l.duration_since(t0))
         .unwrap_or_else(|_| t0.elapsed());
     Ok(Phase {
-        name: "v2 receive+ack",
+        name: if args.fifo_groups > 0 {
+            "v2 FIFO receive+ack"
+        } else {
+            "v2 receive+ack"
+        },
         messages: done.load(Ordering::Relaxed),
         failed: failed.load(Ordering::Relaxed),
         elapsed,
@@ -371,43 +393,56 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
         bail!("the route of {topic} lists no node");
     }
     let steal = StealMeter::start();
-    let shape = ProduceShape {
-        inflight: args.inflight,
-        ..Default::default()
-    };
-    eprintln!("v1 produce: {} messages of {} B", args.count, args.size);
-    let r =
-        crate::commands::bench::produce(&ns, &topic, args.count, args.size, shape, true).await?;
-    let v1 = Phase {
-        name: "v1 produce",
-        messages: r.acked,
-        failed: r.failed,
-        elapsed: r.elapsed,
-        latency: r.latency,
-    };
-    eprintln!(
-        "v2 send: {} messages over {} nodes",
-        args.count,
-        nodes.len()
-    );
-    let v2 = v2_send(&nodes, &topic, args.count, args.size, args.inflight).await?;
-    eprintln!(
-        "v2 no-op calls: {} Heartbeats, the ceiling of one call per message",
-        args.count
-    );
-    let noop = v2_noop(&nodes, args.count, args.inflight).await?;
-    let total = v1.messages + v2.messages;
-    eprintln!(
-        "v2 receive+ack: {total} messages, {} consumers, batch {}",
-        args.consumers, args.batch
-    );
-    let pop = v2_receive_ack(&nodes, &topic, &args, total).await?;
+    let group = format!("bench-pop-{:08x}", rand::random::<u32>());
+    let shape = (args.count, args.size, args.inflight);
+    let mut phases = Vec::new();
+    if args.fifo_groups > 0 {
+        let fifo_topic = format!("{topic}-fifo");
+        match admin
+            .create_topic_typed(
+                &fifo_topic,
+                args.target.queues,
+                None,
+                TopicMessageType::Fifo,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(ErrorCode::TopicExists) => {}
+            Err(e) => return Err(e).with_context(|| format!("creating topic {fifo_topic}")),
+        }
+        let cfg = GroupConfig {
+            name: group.clone(),
+            fifo: true,
+            ..Default::default()
+        };
+        admin.create_group(&cfg, false, None).await?;
+        eprintln!(
+            "v2 FIFO send: {} messages over {} message groups",
+            args.count, args.fifo_groups
+        );
+        let send = v2_send(&nodes, &fifo_topic, shape, args.fifo_groups).await?;
+        eprintln!(
+            "v2 FIFO receive+ack: {} messages, {} consumers, batch {}",
+            send.messages, args.consumers, args.batch
+        );
+        let total = send.messages;
+        let pop = v2_receive_ack(&nodes, (&fifo_topic, &group), &args, total).await?;
+        phases.push(send);
+        phases.push(pop);
+    } else {
+        phases = normal_phases(&ns, &nodes, (&topic, &group), &args).await?;
+    }
     let cpu_steal_pct = steal.pct();
-    let phases = [&v1, &v2, &noop, &pop];
-    let ratio = throughput(v2.messages, args.size, v2.elapsed).msgs_per_sec
-        / throughput(v1.messages, args.size, v1.elapsed)
-            .msgs_per_sec
-            .max(1e-9);
+    // The ratios of the normal run: v2 send to v1 produce, and to the no-op call rate.
+    let rate = |p: &Phase| throughput(p.messages, args.size, p.elapsed).msgs_per_sec;
+    let ratios = match phases.as_slice() {
+        [v1, v2, noop, _] => Some((
+            rate(v2) / rate(v1).max(1e-9),
+            rate(v2) / rate(noop).max(1e-9),
+        )),
+        _ => None,
+    };
     if json {
         let v: Vec<_> = phases
             .iter()
@@ -425,7 +460,8 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
             json_line(&json!({
                 "bench": "pop", "size": args.size, "inflight": args.inflight,
                 "consumers": args.consumers, "batch": args.batch, "phases": v,
-                "v2_send_vs_v1_produce": ratio, "cpu_steal_pct": cpu_steal_pct,
+                "fifo_groups": args.fifo_groups,
+                "v2_send_vs_v1_produce": ratios.map(|r| r.0), "cpu_steal_pct": cpu_steal_pct,
             }))
         );
     } else {
@@ -445,8 +481,16 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
             })
             .collect();
         println!(
-            "{} B messages, {} in flight, {} consumers x batch {}",
-            args.size, args.inflight, args.consumers, args.batch
+            "{} B messages, {} in flight, {} consumers x batch {}{}",
+            args.size,
+            args.inflight,
+            args.consumers,
+            args.batch,
+            if args.fifo_groups > 0 {
+                format!(", {} FIFO message groups", args.fifo_groups)
+            } else {
+                String::new()
+            }
         );
         print!(
             "{}",
@@ -457,24 +501,69 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
                 &rows
             )
         );
-        println!("v2 send / v1 produce: {:.0}%", ratio * 100.0);
-        println!(
-            "v2 send / v2 no-op calls: {:.0}% (one call per message cannot beat the no-op rate)",
-            100.0 * throughput(v2.messages, args.size, v2.elapsed).msgs_per_sec
-                / throughput(noop.messages, 0, noop.elapsed)
-                    .msgs_per_sec
-                    .max(1e-9)
-        );
+        if let Some((to_v1, to_noop)) = ratios {
+            println!("v2 send / v1 produce: {:.0}%", to_v1 * 100.0);
+            println!(
+                "v2 send / v2 no-op calls: {:.0}% (one call per message cannot beat the no-op \
+                 rate)",
+                to_noop * 100.0
+            );
+        }
         if let Some(pct) = cpu_steal_pct {
             println!("{}", steal_line(pct));
         }
     }
-    if pop.messages < total {
+    let sent: u64 = phases[..phases.len() - 1]
+        .iter()
+        .filter(|p| !p.name.contains("no-op"))
+        .map(|p| p.messages)
+        .sum();
+    let acked = phases.last().map_or(0, |p| p.messages);
+    if acked < sent {
         bail!(
-            "the receive phase acked {} of {total} messages before {} ms without progress",
-            pop.messages,
+            "the receive phase acked {acked} of {sent} messages before {} ms without progress",
             args.timeout_ms
         );
     }
     Ok(())
+}
+
+/// The normal run: v1 produce, v2 send, v2 no-op calls, then v2 receive + ack of both sends.
+async fn normal_phases(
+    ns: &str,
+    nodes: &[String],
+    (topic, group): (&str, &str),
+    args: &PopBenchArgs,
+) -> Result<Vec<Phase>> {
+    let shape = ProduceShape {
+        inflight: args.inflight,
+        ..Default::default()
+    };
+    eprintln!("v1 produce: {} messages of {} B", args.count, args.size);
+    let r = crate::commands::bench::produce(ns, topic, args.count, args.size, shape, true).await?;
+    let v1 = Phase {
+        name: "v1 produce",
+        messages: r.acked,
+        failed: r.failed,
+        elapsed: r.elapsed,
+        latency: r.latency,
+    };
+    eprintln!(
+        "v2 send: {} messages over {} nodes",
+        args.count,
+        nodes.len()
+    );
+    let v2 = v2_send(nodes, topic, (args.count, args.size, args.inflight), 0).await?;
+    eprintln!(
+        "v2 no-op calls: {} Heartbeats, the ceiling of one call per message",
+        args.count
+    );
+    let noop = v2_noop(nodes, args.count, args.inflight).await?;
+    let total = v1.messages + v2.messages;
+    eprintln!(
+        "v2 receive+ack: {total} messages, {} consumers, batch {}",
+        args.consumers, args.batch
+    );
+    let pop = v2_receive_ack(nodes, (topic, group), args, total).await?;
+    Ok(vec![v1, v2, noop, pop])
 }

@@ -66,6 +66,9 @@ pub enum Command {
     Msg(MsgCmd),
     /// A web page showing the cluster live: groups, nodes, elections, topics, consumer lag.
     Console(ConsoleArgs),
+    /// Transactions of TRANSACTION topics: list the open ones, commit or roll one back.
+    #[command(subcommand)]
+    Txn(TxnCmd),
     /// Runs a nameserver in this process (used by local clusters).
     #[command(hide = true)]
     RunNameserver(PassThrough),
@@ -114,6 +117,32 @@ pub enum TopicCmd {
     Delete { name: String },
     /// Per broker group and queue: offsets, messages, bytes, last store time; totals.
     Status { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TxnCmd {
+    /// The topic's open transactions on every broker group: id, queue, checks, next check.
+    List {
+        #[arg(long)]
+        topic: String,
+        /// At most this many per broker group (0: the node's cap, 1000).
+        #[arg(long, default_value_t = 0)]
+        limit: u32,
+    },
+    /// Commit a transaction: its message becomes readable. ID is what the send returned.
+    Commit {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        id: String,
+    },
+    /// Roll a transaction back: its message is dropped.
+    Rollback {
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

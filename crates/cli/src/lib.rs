@@ -54,6 +54,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Playground(a) => commands::playground::run(a).await,
         Command::Msg(cmd) => commands::msg::run(ns, json, cmd).await,
         Command::Console(a) => commands::console::run(ns, a).await,
+        Command::Txn(cmd) => commands::txn::run(ns, json, cmd).await,
         Command::RunNameserver(a) => servers::run_nameserver(a.args).await,
         Command::RunBrokerNode(a) => servers::run_broker_node(a.args).await,
     }

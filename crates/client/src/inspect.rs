@@ -14,32 +14,6 @@ use crate::conn::{each_attempt, request};
 use crate::error::{Error, Result};
 use crate::router::Reply;
 
-impl Reply for v1::TopicStatusResponse {
-    fn error(&self) -> Option<&v1::Error> {
-        self.error.as_ref()
-    }
-}
-impl Reply for v1::GroupStatusResponse {
-    fn error(&self) -> Option<&v1::Error> {
-        self.error.as_ref()
-    }
-}
-impl Reply for v1::ResetOffsetResponse {
-    fn error(&self) -> Option<&v1::Error> {
-        self.error.as_ref()
-    }
-}
-impl Reply for v1::RecallResponse {
-    fn error(&self) -> Option<&v1::Error> {
-        self.error.as_ref()
-    }
-}
-impl Reply for v1::FindMessagesResponse {
-    fn error(&self) -> Option<&v1::Error> {
-        self.error.as_ref()
-    }
-}
-
 /// One broker group's answer, with the leader that gave it.
 #[derive(Debug, Clone)]
 pub struct FromLeader<T> {
@@ -327,14 +301,7 @@ impl Admin {
     /// delivery time it had.
     pub async fn recall(&self, topic: &str, msg_id: &str) -> Result<(String, u64)> {
         crate::admin::check_name("topic", topic)?;
-        let mut parts = msg_id.rsplitn(3, '-');
-        let (Some(_position), Some(_index), Some(broker)) =
-            (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(Error::InvalidArgument(format!(
-                "{msg_id:?} is not a raftmq message id (BROKER-INDEX-POSITION, as a send returns it)"
-            )));
-        };
+        let broker = broker_of(msg_id)?;
         let req = v1::RecallRequest {
             topic: topic.to_string(),
             msg_id: msg_id.to_string(),
@@ -351,5 +318,77 @@ impl Admin {
             )
             .await?;
         Ok((broker.to_string(), reply.deliver_at_ms))
+    }
+
+    /// Commits (or rolls back) transaction `id` of TRANSACTION topic `topic`: the raftmq id its
+    /// half message's send returned. Returns the broker group and, for a commit, where the
+    /// message is now readable (queue, offset).
+    pub async fn end_transaction(
+        &self,
+        topic: &str,
+        id: &str,
+        commit: bool,
+    ) -> Result<(String, u32, u64)> {
+        crate::admin::check_name("topic", topic)?;
+        let broker = broker_of(id)?;
+        let req = v1::EndTransactionRequest {
+            topic: topic.to_string(),
+            transaction_id: id.to_string(),
+            commit,
+            from_check: false,
+        };
+        let (reply, _) = self
+            .router
+            .call_leader(
+                broker,
+                "EndTransaction",
+                self.deadline(),
+                each_attempt(&req, |ch, r| async move {
+                    BrokerServiceClient::new(ch).end_transaction(r).await
+                }),
+            )
+            .await?;
+        Ok((broker.to_string(), reply.queue, reply.offset))
+    }
+
+    /// The open transactions of TRANSACTION topic `topic` on every broker group hosting it (at
+    /// most `limit` per group; 0 = the node's cap), by next check time.
+    pub async fn list_transactions(
+        &self,
+        topic: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, Vec<v1::OpenTransaction>)>> {
+        crate::admin::check_name("topic", topic)?;
+        let req = v1::ListTransactionsRequest {
+            topic: topic.to_string(),
+            limit,
+        };
+        let mut out = Vec::new();
+        for (broker, _) in self.hosts(Some(topic)).await? {
+            let (reply, _) = self
+                .router
+                .call_leader(
+                    &broker,
+                    "ListTransactions",
+                    self.deadline(),
+                    each_attempt(&req, |ch, r| async move {
+                        BrokerServiceClient::new(ch).list_transactions(r).await
+                    }),
+                )
+                .await?;
+            out.push((broker, reply.transactions));
+        }
+        Ok(out)
+    }
+}
+
+/// The broker group a raftmq message id (`BROKER-INDEX-POSITION`) names.
+fn broker_of(msg_id: &str) -> Result<&str> {
+    let mut parts = msg_id.rsplitn(3, '-');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(_position), Some(_index), Some(broker)) => Ok(broker),
+        _ => Err(Error::InvalidArgument(format!(
+            "{msg_id:?} is not a raftmq message id (BROKER-INDEX-POSITION, as a send returns it)"
+        ))),
     }
 }

@@ -87,6 +87,13 @@ macro_rules! impl_reply {
 }
 
 impl_reply!(
+    v1::TopicStatusResponse,
+    v1::GroupStatusResponse,
+    v1::ResetOffsetResponse,
+    v1::RecallResponse,
+    v1::FindMessagesResponse,
+    v1::EndTransactionResponse,
+    v1::ListTransactionsResponse,
     v1::SendResponse,
     v1::PullResponse,
     v1::CommitOffsetResponse,

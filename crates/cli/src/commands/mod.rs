@@ -16,3 +16,4 @@ pub mod node_status;
 pub mod playground;
 pub mod produce;
 pub mod topic;
+pub mod txn;

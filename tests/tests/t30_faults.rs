@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use raftmq_tests::history::{DelayCfg, FaultKind, FaultPlan, PopCfg, ScenarioCfg, run_scenario};
+use raftmq_tests::history::{
+    DelayCfg, FaultKind, FaultPlan, PopCfg, ScenarioCfg, TxnCfg, run_scenario,
+};
 
 /// The scenarios share two cores: run them one at a time so election timing stays realistic.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -233,6 +235,38 @@ async fn t40_fifo_groups_stay_in_order_under_faults() {
     assert!(
         p.fifo_pairs > 1000 && p.fifo_groups >= 9,
         "too few ordered pairs to test anything:\n{report}"
+    );
+}
+
+/// 41. Transactions are replicated state: four senders store half messages on a TRANSACTION
+///     topic and commit, roll back or leave them open while the leader is killed, paused, a
+///     follower killed, every node loses power and the leader is cut off. After the heal the
+///     ones left open are committed (each finds its half message), every committed one is
+///     stored once, no rolled-back one is, and every node holds the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t41_transactions_end_once_under_faults() {
+    let mut cfg = ScenarioCfg::new(
+        41,
+        FaultPlan::Fixed(vec![
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+            FaultKind::KillFollower,
+            FaultKind::PowerLossAll,
+            FaultKind::PartitionLeader,
+        ]),
+    );
+    cfg.txn = Some(TxnCfg {
+        senders: 4,
+        ..TxnCfg::default()
+    });
+    let report = run_scenario_cfg(cfg).await;
+    let t = report
+        .txn
+        .as_ref()
+        .expect("a transaction round reports its senders");
+    assert!(
+        t.committed > 50 && t.rolled_back > 10 && t.late > 3,
+        "too few transactions to test anything:\n{report}"
     );
 }
 

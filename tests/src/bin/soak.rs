@@ -80,6 +80,12 @@ struct Args {
     /// before its time, identically on every node.
     #[arg(long)]
     delay: bool,
+    /// Transaction mode: beside the producers, two senders store half messages on a
+    /// TRANSACTION topic and commit, roll back or leave them open under the same faults; after
+    /// the heal the open ones are committed, and each committed one must be stored once, each
+    /// rolled-back one never, identically on every node.
+    #[arg(long)]
+    txn: bool,
     /// FIFO mode (implies --pop): the POP group is FIFO and the producers' messages carry
     /// message groups (three per producer, each in one queue); fails a round on a message handed
     /// out before the one before it in its group was acknowledged or dead-lettered.
@@ -221,6 +227,9 @@ fn main() {
         if args.delay {
             cfg.delay = Some(raftmq_tests::history::DelayCfg::default());
         }
+        if args.txn {
+            cfg.txn = Some(raftmq_tests::history::TxnCfg::default());
+        }
         if args.pop || args.fifo {
             cfg.pop = Some(PopCfg {
                 consumers: args.pop_consumers.max(1),
@@ -282,6 +291,10 @@ fn main() {
             if let Some(d) = report.delay.as_ref().filter(|d| !d.is_ok()) {
                 tot.failures
                     .push(format!("seed {seed}: {}", d.to_string().trim_end()));
+            }
+            if let Some(t) = report.txn.as_ref().filter(|t| !t.is_ok()) {
+                tot.failures
+                    .push(format!("seed {seed}: {}", t.to_string().trim_end()));
             }
         }
         add_report(&mut tot, &report);

@@ -57,6 +57,11 @@
 //! DELAY topic under the same faults; after the heal every one must be delivered once, never
 //! before its time, identically on every node (see [`delay`]).
 //!
+//! Transaction mode ([`ScenarioCfg::txn`], `soak --txn`, `t41`): senders store half messages on
+//! a TRANSACTION topic and commit, roll back or leave them open under the same faults; after
+//! the heal the open ones are committed, and every committed one must be stored once, every
+//! rolled-back one never, identically on every node (see [`txn`]).
+//!
 //! Modules: [`workload`] sends and records the history and reads every node back; [`faults`]
 //! injects and heals faults; [`check`](mod@check) compares the history with what was read;
 //! [`report`] holds and prints the result; [`scenario`] runs a round of all of them; [`pop`] is
@@ -74,6 +79,7 @@ pub mod faults;
 pub mod pop;
 pub mod report;
 pub mod scenario;
+pub mod txn;
 pub mod workload;
 
 pub use check::{check, check_pop};
@@ -87,6 +93,7 @@ pub use pop::{
 };
 pub use report::{FaultLiveness, FillReport, FillStats, PopReport, Report};
 pub use scenario::{FaultPlan, RoundOutcome, ScenarioCfg, run_round, run_scenario};
+pub use txn::{TXN_TOPIC, TxnCfg, TxnHistory, TxnReport, check_txn};
 pub use workload::{
     FILL_BODY_LEN, FILL_MSGS_PER_SEND, FILL_PRODUCER_BASE, FILL_SEND_BYTES, FILL_TOPIC,
     HistProducer, LargeLogCfg, NodeRead, QueueSum, WorkloadCfg, fill_log, read_fill, read_node,
@@ -227,6 +234,9 @@ pub struct History {
     /// The scheduled-message senders' sends (empty unless the round runs the delay workload,
     /// [`ScenarioCfg::delay`]).
     pub delay: Mutex<delay::DelayHistory>,
+    /// The transaction senders' transactions (empty unless the round runs the transaction
+    /// workload, [`ScenarioCfg::txn`]).
+    pub txn: Mutex<txn::TxnHistory>,
     /// When the load stopped (set by [`run_scenario`]); ends the last fault's liveness window.
     pub load_end: Mutex<Option<Duration>>,
 }
@@ -241,6 +251,7 @@ impl Default for History {
             acks: AtomicU64::new(0),
             pop: Mutex::default(),
             delay: Mutex::default(),
+            txn: Mutex::default(),
             load_end: Mutex::default(),
         }
     }

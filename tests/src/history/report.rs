@@ -58,6 +58,8 @@ pub struct Report {
     pub pop: Option<Box<PopReport>>,
     /// The scheduled-message workload's figures and problems, when the round ran it.
     pub delay: Option<Box<super::delay::DelayReport>>,
+    /// The transaction workload's figures and problems, when the round ran it.
+    pub txn: Option<Box<super::txn::TxnReport>>,
 }
 
 /// What [`check_pop`] found: figures, then problem counters (each must be zero).
@@ -267,6 +269,7 @@ impl Report {
             && self.fill.as_ref().is_none_or(|f| f.is_ok())
             && self.pop.as_ref().is_none_or(|p| p.is_ok())
             && self.delay.as_ref().is_none_or(|d| d.is_ok())
+            && self.txn.as_ref().is_none_or(|t| t.is_ok())
     }
 
     pub(super) fn excerpt(&mut self, s: String) {
@@ -312,6 +315,9 @@ impl std::fmt::Display for Report {
         )?;
         if let Some(d) = &self.delay {
             writeln!(f, "  {}", d.to_string().trim_end())?;
+        }
+        if let Some(t) = &self.txn {
+            writeln!(f, "  {}", t.to_string().trim_end())?;
         }
         if let Some(p) = &self.pop {
             for line in p.to_string().lines() {

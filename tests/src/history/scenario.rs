@@ -55,6 +55,9 @@ pub struct ScenarioCfg {
     /// Scheduled-message senders beside the producers, then a wait until every one is
     /// delivered, checked by [`super::delay::check_delay`]. None: the round is as before.
     pub delay: Option<super::delay::DelayCfg>,
+    /// Transaction senders beside the producers, then commits of the transactions left open
+    /// and a wait until none is open, checked by [`super::txn::check_txn`].
+    pub txn: Option<super::txn::TxnCfg>,
 }
 
 impl ScenarioCfg {
@@ -69,6 +72,7 @@ impl ScenarioCfg {
             large_log: None,
             pop: None,
             delay: None,
+            txn: None,
         }
     }
 }
@@ -250,6 +254,13 @@ async fn scenario(
     if cfg.delay.is_some() {
         super::delay::create_delay_topic(c).await?;
     }
+    if cfg.txn.is_some() {
+        // A TRANSACTION topic takes sends once every member applies EndTxn.
+        c.wait_feature_levels(Duration::from_secs(20))
+            .await
+            .map_err(|e| e.to_string())?;
+        super::txn::create_txn_topic(c).await?;
+    }
     let addrs: Vec<String> = c.nodes.values().map(|n| n.addr.clone()).collect();
     let hist = Arc::new(History::default());
     lock(&hist.pop).max_attempts = POP_MAX_ATTEMPTS;
@@ -298,6 +309,20 @@ async fn scenario(
                 id,
                 addrs.clone(),
                 dc.clone(),
+                cfg.seed,
+                stop.clone(),
+                until,
+            )));
+        }
+    }
+
+    if let Some(tc) = &cfg.txn {
+        for id in 1..=tc.senders {
+            tasks.push(tokio::spawn(super::txn::txn_sender_loop(
+                hist.clone(),
+                id,
+                addrs.clone(),
+                tc.clone(),
                 cfg.seed,
                 stop.clone(),
                 until,
@@ -389,6 +414,28 @@ async fn scenario(
             }
         }
     }
+    let mut txn_reads = BTreeMap::new();
+    if cfg.txn.is_some() {
+        let settled = match super::txn::settle(c, &hist).await {
+            Ok(()) => wait_converged(c, converge_timeout).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = settled {
+            let faults = lock(&hist.faults).clone();
+            return Err(failure_text(cfg.seed, c, &faults, &e));
+        }
+        for (id, n) in &c.nodes {
+            match super::txn::read_txn(&n.addr).await {
+                Ok(r) => {
+                    txn_reads.insert(*id, r);
+                }
+                Err(e) => {
+                    let faults = lock(&hist.faults).clone();
+                    return Err(failure_text(cfg.seed, c, &faults, &e));
+                }
+            }
+        }
+    }
     let mut reads = BTreeMap::new();
     for (id, n) in &c.nodes {
         reads.insert(*id, read_node(&n.addr).await);
@@ -399,6 +446,9 @@ async fn scenario(
     }
     if cfg.delay.is_some() {
         report.delay = Some(Box::new(super::delay::check_delay(&hist, &delay_reads)));
+    }
+    if cfg.txn.is_some() {
+        report.txn = Some(Box::new(super::txn::check_txn(&hist, &txn_reads)));
     }
     if let Some((fill_hist, stats)) = fill {
         report.fill = Some(Box::new(check_fill(c, &fill_hist, stats, cfg.seed).await));

@@ -428,20 +428,21 @@ pub const TYPE_DELAY: u32 = 2;
 /// `raftmq.v1.TopicMessageType.TRANSACTION`.
 pub const TYPE_TRANSACTION: u32 = 3;
 
-/// The property a half message stored again (by a check-back or retention) carries: its
-/// transaction, `log_index.position` of where it was first stored.
-pub const TXN_PROPERTY: &str = "__rmq.txn";
+/// The property a waiting message stored again (by retention, or a half message by a
+/// check-back) carries: `log_index.position` of where it was first stored, which its id (and a
+/// half message's transaction) names.
+pub const ORIGIN_PROPERTY: &str = "__rmq.origin";
 
-/// The transaction a half message stored again carries ([`TXN_PROPERTY`]).
-fn txn_of(m: &BodyView) -> Option<(u64, u32)> {
+/// Where a waiting message stored again was first stored ([`ORIGIN_PROPERTY`]).
+fn origin_of(m: &BodyView) -> Option<(u64, u32)> {
     m.properties
         .iter()
-        .find(|(k, _)| *k == TXN_PROPERTY)
-        .and_then(|(_, v)| parse_txn(v))
+        .find(|(k, _)| *k == ORIGIN_PROPERTY)
+        .and_then(|(_, v)| parse_origin(v))
 }
 
-/// A [`TXN_PROPERTY`] value: (log index, position).
-pub fn parse_txn(v: &str) -> Option<(u64, u32)> {
+/// A [`ORIGIN_PROPERTY`] value: (log index, position).
+pub fn parse_origin(v: &str) -> Option<(u64, u32)> {
     let (i, p) = v.split_once('.')?;
     Some((i.parse().ok()?, p.parse().ok()?))
 }
@@ -1114,7 +1115,7 @@ impl BrokerState {
             let mut found = Vec::with_capacity(replaces.len());
             for (i, (&(li, p), &at)) in replaces.iter().zip(times).enumerate() {
                 let now_at = if ty == TYPE_TRANSACTION {
-                    let txn = txn_of(&messages[i]).unwrap_or((li, p));
+                    let txn = origin_of(&messages[i]).unwrap_or((li, p));
                     self.timer
                         .txn(txn)
                         .filter(|w| {
@@ -1139,11 +1140,14 @@ impl BrokerState {
         for (i, &at) in times.iter().enumerate() {
             if ty == TYPE_TRANSACTION {
                 // A half message: its transaction is where it was first stored.
-                let txn = txn_of(&messages[i]).unwrap_or((index, i as u32));
+                let txn = origin_of(&messages[i]).unwrap_or((index, i as u32));
                 self.timer
                     .add_half(at, (index, i as u32), (topic, queue), txn);
             } else {
                 self.timer.add(at, (index, i as u32), topic, queue);
+                if let Some(origin) = origin_of(&messages[i]) {
+                    self.timer.moved_from(origin, at, (index, i as u32));
+                }
             }
         }
         for k in keys.into_iter().flatten() {
@@ -2076,7 +2080,7 @@ mod schedule_tests {
         assert!(st.timer.txn((2, 1)).is_none());
         // A check-back moves c to entry 7 (next check at 120 s), keeping its transaction.
         let mut c = msg("c");
-        c.properties.push((TXN_PROPERTY.into(), "2.2".into()));
+        c.properties.push((ORIGIN_PROPERTY.into(), "2.2".into()));
         let roll = Command::Schedule {
             topic: "x".into(),
             queue: 1,

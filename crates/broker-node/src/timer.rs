@@ -71,6 +71,10 @@ pub struct Timer {
     half: BTreeMap<(u64, Location), Half>,
     /// Transaction → (next check time, location) of its half message.
     txns: HashMap<(u64, u32), (u64, Location)>,
+    /// A scheduled message stored again (rolled by retention): where it was first stored (its
+    /// id) → (delivery time, location now), and back.
+    moved: HashMap<(u64, u32), (u64, Location)>,
+    origins: HashMap<Location, (u64, u32)>,
 }
 
 impl Timer {
@@ -126,6 +130,23 @@ impl Timer {
             self.counts[n as usize] += 1;
         }
         self.txns.insert(txn, (check_at_ms, loc));
+    }
+
+    /// Notes that the scheduled message waiting at (`deliver_at_ms`, `at`) was first stored at
+    /// `origin`, so its id still finds it.
+    pub fn moved_from(&mut self, origin: (u64, u32), deliver_at_ms: u64, at: (u64, u32)) {
+        let loc = location(at.0, at.1);
+        if origin != at && self.due.contains_key(&(deliver_at_ms, loc)) {
+            self.moved.insert(origin, (deliver_at_ms, loc));
+            self.origins.insert(loc, origin);
+        }
+    }
+
+    /// The scheduled message first stored at `origin`, if it was moved and still waits.
+    pub fn moved(&self, origin: (u64, u32)) -> Option<Waiting> {
+        let &(at, loc) = self.moved.get(&origin)?;
+        let v = self.due.get(&(at, loc))?;
+        Some(self.waiting(&(at, loc), v))
     }
 
     /// Whether a half message waits at `at` with its check time, for `topic`/`queue`.
@@ -205,7 +226,14 @@ impl Timer {
     pub fn remove(&mut self, deliver_at_ms: u64, (log_index, position): (u64, u32)) -> bool {
         let key = (deliver_at_ms, location(log_index, position));
         let n = match self.due.remove(&key) {
-            Some((n, _)) => n,
+            Some((n, _)) => {
+                if let Some(origin) = self.origins.remove(&key.1)
+                    && self.moved.get(&origin) == Some(&key)
+                {
+                    self.moved.remove(&origin);
+                }
+                n
+            }
             None => match self.half.remove(&key) {
                 Some((n, _, txn)) => {
                     if self.txns.get(&txn) == Some(&key) {
@@ -419,5 +447,26 @@ mod tests {
         t.add_half(80, (10, 0), ("tx", 0), (10, 0));
         assert_eq!(t.drop_topic("tx"), 1);
         assert!(t.txn((10, 0)).is_none());
+    }
+
+    /// 5. A scheduled message stored again (by retention) is found by where it was first
+    ///    stored, until it no longer waits.
+    #[test]
+    fn t5_a_moved_message_is_found_by_its_first_place() {
+        let mut t = Timer::default();
+        t.add(100, (5, 0), "d", 1);
+        assert!(t.moved((5, 0)).is_none(), "not moved");
+        assert!(t.remove(100, (5, 0)));
+        t.add(100, (9, 3), "d", 1);
+        t.moved_from((5, 0), 100, (9, 3));
+        let w = t.moved((5, 0)).unwrap();
+        assert_eq!((w.log_index, w.position, w.deliver_at_ms), (9, 3, 100));
+        // Moved again: the first place still finds it.
+        assert!(t.remove(100, (9, 3)));
+        t.add(100, (12, 0), "d", 1);
+        t.moved_from((5, 0), 100, (12, 0));
+        assert_eq!(t.moved((5, 0)).unwrap().log_index, 12);
+        assert!(t.remove(100, (12, 0)));
+        assert!(t.moved((5, 0)).is_none(), "delivered or recalled");
     }
 }

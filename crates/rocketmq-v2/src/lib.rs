@@ -20,14 +20,15 @@
 //! | QueryRoute | the nameservers' `Route` (cached 3 s); topic types from `ListTopics` of each group |
 //! | QueryAssignment | as QueryRoute; one queue (id -1) per group, one per queue for FIFO groups |
 //! | Heartbeat | remembered here; consumers also `Heartbeat` on this group's leader |
-//! | Telemetry | here: each `Settings` is answered with the merged settings ([`settings`]) |
+//! | Telemetry | here: each `Settings` is answered with the merged settings ([`settings`]); a producer's stream also carries transaction checks (`RecoverOrphanedTransactionCommand`, claimed each second with `TakeTransactionChecks`) |
 //! | SendMessage | `Send` on the leader of the group chosen (this node's when it hosts the topic) |
-//! | ReceiveMessage | `Pop` on the leader of the queue's group |
+//! | ReceiveMessage | `Pop` on the leader of the queue's group (any of its queues; a FIFO group's order is kept by the broker) |
 //! | AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue | `PopAck` / `ChangeInvisible` / `DeadLetter` on this group's leader |
 //! | PullMessage | `Pull` on the queue's group (any node) |
 //! | UpdateOffset / GetOffset / QueryOffset | `CommitOffset` / `FetchOffset` / `Pull`'s range |
 //! | NotifyClientTermination | here; consumers also `LeaveGroup` |
-//! | EndTransaction, RecallMessage, SyncLiteSubscription | NOT_IMPLEMENTED in the payload |
+//! | RecallMessage / EndTransaction | `Recall` / `EndTransaction` on the group the handle or transaction id names |
+//! | SyncLiteSubscription | NOT_IMPLEMENTED in the payload |
 //!
 //! # Crate map
 //! - [`pb`]: the generated v2 types and service stubs (`proto/apache/rocketmq/v2`).

@@ -13,7 +13,7 @@ use super::Broker;
 use crate::command::{Command, CommandView, Reply, StoredBody, msg_id};
 use crate::error::{Error, Internal, Refused, Result};
 use crate::node::Node;
-use crate::state::TXN_PROPERTY;
+use crate::state::ORIGIN_PROPERTY;
 use crate::timer::Waiting;
 use raftmq_rocketmq_v2::convert::P_MSGID;
 
@@ -179,6 +179,8 @@ impl Broker {
             .scheduled(log_index, position, topic)?
             .ok_or_else(not_waiting)?;
         let (at, queue) = (w.deliver_at_ms, w.queue);
+        // Where it waits now (retention may have moved it).
+        let (log_index, position) = (w.log_index, w.position);
         let (_, reply) = self
             .propose(Command::Recall {
                 topic: topic.to_string(),
@@ -228,6 +230,11 @@ impl Broker {
         position: u32,
         topic: &str,
     ) -> Result<Option<(Waiting, u64, bytes::Bytes)>> {
+        // Rolled by retention: it waits where it was stored again.
+        let (log_index, position) = self
+            .node
+            .state_value(|s| s.timer.moved((log_index, position)))
+            .map_or((log_index, position), |w| (w.log_index, w.position));
         let Some(data) = self.read_entry(log_index)? else {
             return Ok(None);
         };
@@ -351,11 +358,9 @@ impl Broker {
                 msg_id(&self.node.cfg.broker, w.log_index, w.position),
             ));
         }
-        // A half message stored again keeps its transaction.
-        if let Some((li, p)) = w.txn
-            && !properties.iter().any(|(k, _)| k == TXN_PROPERTY)
-        {
-            properties.push((TXN_PROPERTY.to_string(), format!("{li}.{p}")));
+        // A half message keeps its transaction wherever it is stored again.
+        if let Some(origin) = w.txn {
+            set_origin(&mut properties, origin);
         }
         Ok(StoredBody {
             key: m.key.to_string(),
@@ -374,7 +379,10 @@ impl Broker {
         waiting: Vec<Waiting>,
         now: u64,
     ) -> Result<usize> {
-        let bodies = self.read_waiting(&waiting)?;
+        let mut bodies = self.read_waiting(&waiting)?;
+        for m in &mut bodies {
+            m.properties.retain(|(k, _)| k != ORIGIN_PROPERTY);
+        }
         let mut delivered = 0;
         for (ws, ms) in by_bytes(&waiting, bodies) {
             let due = ws
@@ -402,7 +410,11 @@ impl Broker {
         let mut moved = 0;
         for ((topic, queue), waiting) in per_queue {
             for chunk in waiting.chunks(DELIVER_BATCH_MAX) {
-                let bodies = self.read_waiting(chunk)?;
+                let mut bodies = self.read_waiting(chunk)?;
+                // Stored again, each keeps where it was first stored: its id still finds it.
+                for (w, m) in chunk.iter().zip(&mut bodies) {
+                    set_origin(&mut m.properties, (w.log_index, w.position));
+                }
                 for (ws, ms) in by_bytes(chunk, bodies) {
                     let cmd = Command::Schedule {
                         topic: topic.to_string(),
@@ -469,6 +481,14 @@ fn by_bytes(waiting: &[Waiting], bodies: Vec<StoredBody>) -> Vec<(Vec<Waiting>, 
         last.1.push(b);
     }
     out
+}
+
+/// Sets [`ORIGIN_PROPERTY`] to `origin` unless the message carries one already (it was moved
+/// before: the first place stays).
+fn set_origin(properties: &mut Vec<(String, String)>, (li, p): (u64, u32)) {
+    if !properties.iter().any(|(k, _)| k == ORIGIN_PROPERTY) {
+        properties.push((ORIGIN_PROPERTY.to_string(), format!("{li}.{p}")));
+    }
 }
 
 fn unexpected(reply: Reply) -> Error {

@@ -29,7 +29,7 @@ use super::Broker;
 use crate::command::{Command, Reply, StoredBody, msg_id};
 use crate::config::check_name;
 use crate::error::{Error, Internal, Refused, Result};
-use crate::state::{TXN_PROPERTY, TYPE_TRANSACTION};
+use crate::state::{ORIGIN_PROPERTY, TYPE_TRANSACTION};
 use crate::timer::Waiting;
 
 /// The property holding how often a half message's producer was asked about it.
@@ -129,7 +129,7 @@ impl Broker {
                 messages = self.read_waiting(std::slice::from_ref(&w))?;
                 for m in &mut messages {
                     m.properties
-                        .retain(|(k, _)| k != TXN_PROPERTY && k != TXN_CHECKS_PROPERTY);
+                        .retain(|(k, _)| k != ORIGIN_PROPERTY && k != TXN_CHECKS_PROPERTY);
                 }
             }
             let (_, reply) = self

@@ -586,3 +586,64 @@ async fn t85_4_leader_sigkill_during_send_loop_every_acked_send_received_once() 
     }
     eprintln!("{stored_failed} of the failed send attempts were stored anyway (allowed)");
 }
+
+/// 85.5. Transactional messages with the Rust crate's transaction producer: six half messages on
+/// a TRANSACTION topic, the even ones committed and the odd ones rolled back by the producer;
+/// a SimpleConsumer receives exactly the committed ones, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t85_5_transactions_committed_arrive_rolled_back_do_not() {
+    let topic = "rmq5rs-txn";
+    client_bin();
+    let c = Cluster::start(3, BROKER_ARGS).await;
+    let leader = c.leader().await;
+    let r = c
+        .client(leader)
+        .await
+        .create_topic(raftmq_proto::v1::CreateTopicRequest {
+            name: topic.into(),
+            queues: 2,
+            update: false,
+            message_type: raftmq_proto::v1::TopicMessageType::Transaction as i32,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let out = run_client(
+        &c,
+        "txn",
+        "txn",
+        &[
+            ("endpoints", all_endpoints(&c)),
+            ("topic", s(topic)),
+            ("count", s(6)),
+        ],
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(list(&out, "errors").is_empty(), "{out}");
+    let sent = list(&out, "sent");
+    assert_eq!(sent.len(), 6, "{out}");
+    for t in sent {
+        assert!(
+            str_of(t, "transaction_id").starts_with("broker-a-"),
+            "the transaction id is the half message's raftmq id: {t}"
+        );
+    }
+    let committed: BTreeSet<&str> = sent
+        .iter()
+        .filter(|t| t["action"] == "commit")
+        .map(|t| str_of(t, "id"))
+        .collect();
+    let got = receive(
+        &c,
+        "txn-receive",
+        topic,
+        Receive::new("TX1", committed.len()),
+    )
+    .await;
+    let received = by_id(list(&got, "received"));
+    let ids: BTreeSet<&str> = received.keys().map(String::as_str).collect();
+    assert_eq!(ids, committed, "exactly the committed ones: {got}");
+    assert!(received.values().all(|d| d.len() == 1), "each once: {got}");
+}

@@ -11,7 +11,11 @@
 //!                     [--batch B]
 //! rmq5-rust send-loop --endpoints A --topic T --duration-secs D [--pace-ms M] [--tag X]
 //!                     [--prefix P] [--retries R] [--progress-file F]
+//! rmq5-rust txn       --endpoints A --topic T --count N
 //! ```
+//!
+//! `txn` sends `--count` transactional messages (bodies `txn-<i>`), one transaction each, commits
+//! the even `i` and rolls back the odd.
 //!
 //! `--endpoints` is the client's access URL as the crate takes it: `host:port`, or several joined
 //! with `,`. A call of the crate that panics (it unwraps in several places) is run on its own task,
@@ -25,6 +29,7 @@ use rocketmq::conf::{ClientOption, ProducerOption, SimpleConsumerOption};
 use rocketmq::error::ClientError;
 use rocketmq::model::common::{FilterExpression, FilterType};
 use rocketmq::model::message::{Message, MessageBuilder, MessageView};
+use rocketmq::model::transaction::{Transaction, TransactionResolution};
 use rocketmq::{Producer, SimpleConsumer};
 use serde_json::{json, Value};
 
@@ -320,6 +325,57 @@ async fn cmd_send_loop(args: &Args) -> Result<Value, Value> {
     }))
 }
 
+/// `txn`: transactional messages committed (even) or rolled back (odd) by the producer.
+async fn cmd_txn(args: &Args) -> Result<Value, Value> {
+    let fatal = |e: String| json!({ "fatal": e });
+    let topic = args.req("topic").map_err(fatal)?;
+    let count: usize = args.num("count", 4).map_err(fatal)?;
+    let co = client_option(args).map_err(|e| json!({ "fatal": e }))?;
+    let mut po = ProducerOption::default();
+    po.set_topics(vec![topic.clone()]);
+    // Checks are not expected here (every transaction is ended at once): answer ROLLBACK.
+    let mut p = Producer::new_transaction_producer(
+        po,
+        co,
+        Box::new(|_, _| TransactionResolution::ROLLBACK),
+    )
+    .map_err(|e| json!({"fatal": "Producer::new_transaction_producer", "error": error_json(&e)}))?;
+    p.start()
+        .await
+        .map_err(|e| json!({"fatal": "Producer::start", "error": error_json(&e)}))?;
+    let (mut sent, mut errors) = (Vec::new(), Vec::new());
+    for i in 0..count {
+        let m =
+            MessageBuilder::transaction_message_builder(&topic, format!("txn-{i}").into_bytes())
+                .build()
+                .map_err(|e| json!({"fatal": "build", "error": error_json(&e)}))?;
+        let txn = match p.send_transaction_message(m).await {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(json!({"index": i, "step": "send", "error": error_json(&e)}));
+                continue;
+            }
+        };
+        let (id, txn_id) = (
+            txn.message_id().to_string(),
+            txn.transaction_id().to_string(),
+        );
+        let commit = i % 2 == 0;
+        let ended = if commit {
+            txn.commit().await
+        } else {
+            txn.rollback().await
+        };
+        if let Err(e) = ended {
+            errors.push(json!({"index": i, "step": "end", "error": error_json(&e)}));
+        }
+        sent.push(json!({"index": i, "id": id, "transaction_id": txn_id,
+            "action": if commit { "commit" } else { "rollback" }}));
+    }
+    let shutdown = p.shutdown().await.err().map(|e| error_json(&e));
+    Ok(json!({"sent": sent, "errors": errors, "shutdown_error": shutdown}))
+}
+
 fn view_json(v: &MessageView, at_ms: u64) -> Value {
     let props: BTreeMap<&String, &String> = v.properties().iter().collect();
     json!({
@@ -430,7 +486,7 @@ async fn cmd_receive(args: &Args) -> Result<Value, Value> {
 
 async fn run(argv: Vec<String>) -> Value {
     let Some(cmd) = argv.first() else {
-        return json!({"fatal": "usage: rmq5-rust send|receive|send-loop --option value ..."});
+        return json!({"fatal": "usage: rmq5-rust send|receive|send-loop|txn --option value ..."});
     };
     let args = match Args::parse(&argv[1..]) {
         Ok(a) => a,
@@ -440,6 +496,7 @@ async fn run(argv: Vec<String>) -> Value {
         "send" => cmd_send(&args).await,
         "receive" => cmd_receive(&args).await,
         "send-loop" => cmd_send_loop(&args).await,
+        "txn" => cmd_txn(&args).await,
         other => Err(json!({ "fatal": format!("unknown subcommand {other:?}") })),
     };
     r.unwrap_or_else(|e| e)

@@ -356,14 +356,26 @@ pub async fn settle(c: &Cluster, hist: &History) -> Result<(), String> {
         match open_txns(c).await {
             Ok(open) if open.is_empty() => return Ok(()),
             Ok(open) => {
+                let records: HashMap<String, TxnRecord> = lock(&hist.txn)
+                    .records
+                    .iter()
+                    .map(|r| (r.payload.clone(), r.clone()))
+                    .collect();
                 let bodies: Vec<String> = open
                     .iter()
                     .map(|o| {
                         let m = o.message.clone().unwrap_or_default();
+                        let body = String::from_utf8_lossy(&m.body).into_owned();
+                        let rec = records.get(&body).map(|r| {
+                            format!(
+                                "sent as {:?}, asked {:?}, ended {:?}",
+                                r.id, r.commit, r.outcome
+                            )
+                        });
                         format!(
-                            "{} {:?}",
+                            "{} {body:?} ({})",
                             o.transaction_id,
-                            String::from_utf8_lossy(&m.body)
+                            rec.unwrap_or_default()
                         )
                     })
                     .collect();

@@ -429,12 +429,12 @@ impl BrokerService for Broker {
         req: Request<ListTransactionsRequest>,
     ) -> Result<Response<ListTransactionsResponse>, Status> {
         Ok(Response::new(
-            Broker::list_transactions(self, req.into_inner()).unwrap_or_else(|e| {
-                ListTransactionsResponse {
+            Broker::list_transactions(self, req.into_inner())
+                .await
+                .unwrap_or_else(|e| ListTransactionsResponse {
                     error: Some(e.into()),
                     ..Default::default()
-                }
-            }),
+                }),
         ))
     }
 

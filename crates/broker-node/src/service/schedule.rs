@@ -164,6 +164,8 @@ impl Broker {
     /// Cancels a scheduled message not yet delivered, named by its raftmq message id.
     pub(super) async fn recall_scheduled(&self, topic: &str, id: &str) -> Result<u64> {
         self.require_leader()?;
+        // A new leader may not have applied the schedule the previous one acknowledged yet.
+        self.node.member.read_barrier().await?;
         let broker = &self.node.cfg.broker;
         let Some((log_index, position)) = super::inspect::parse_msg_id(broker, id) else {
             return Err(Error::invalid(format!(

@@ -62,9 +62,12 @@ fn unexpected(reply: Reply) -> Error {
 }
 
 impl Broker {
-    fn check_txn_topic(&self, topic: &str) -> Result<()> {
+    /// Checks the topic, on a leader that has applied every acknowledged write (a new leader may
+    /// not have applied the half message the previous one acknowledged yet).
+    async fn check_txn_topic(&self, topic: &str) -> Result<()> {
         check_name("topic", topic).map_err(Error::invalid)?;
         self.require_leader()?;
+        self.node.member.read_barrier().await?;
         self.check_topic(topic, 0)?;
         let ty = self.node.state_value(|s| s.topic_type(topic));
         if ty != TYPE_TRANSACTION {
@@ -104,7 +107,7 @@ impl Broker {
         &self,
         req: EndTransactionRequest,
     ) -> Result<EndTransactionResponse> {
-        self.check_txn_topic(&req.topic)?;
+        self.check_txn_topic(&req.topic).await?;
         let broker = &self.node.cfg.broker;
         let Some(txn) = super::inspect::parse_msg_id(broker, &req.transaction_id) else {
             return Err(Error::invalid(format!(
@@ -172,11 +175,11 @@ impl Broker {
     }
 
     /// The topic's open transactions, by next check time.
-    pub(super) fn list_transactions(
+    pub(super) async fn list_transactions(
         &self,
         req: ListTransactionsRequest,
     ) -> Result<ListTransactionsResponse> {
-        self.check_txn_topic(&req.topic)?;
+        self.check_txn_topic(&req.topic).await?;
         let limit = match req.limit as usize {
             0 => TXNS_PER_CALL_MAX,
             n => n.min(TXNS_PER_CALL_MAX),
@@ -200,7 +203,7 @@ impl Broker {
         &self,
         req: TakeTransactionChecksRequest,
     ) -> Result<TakeTransactionChecksResponse> {
-        self.check_txn_topic(&req.topic)?;
+        self.check_txn_topic(&req.topic).await?;
         let now = super::wall_ms();
         let max = (req.max as usize).clamp(1, TXNS_PER_CALL_MAX);
         let limits = &self.node.cfg.limits;

@@ -236,6 +236,30 @@ impl<S: StateMachine> Member<S> {
             .map_err(write_error::propose_error)
     }
 
+    /// A read barrier on the leader: returns once a quorum confirmed this member still leads and
+    /// it has applied every entry committed before the call (its own term's first entry
+    /// included, so a new leader has applied what the previous one acknowledged). Decisions read
+    /// from the state after it (a transaction's half message, a scheduled message to recall) see
+    /// every acknowledged write.
+    pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+        match self
+            .raft
+            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(openraft::error::RaftError::APIError(
+                openraft::error::LinearizableReadError::ForwardToLeader(_),
+            )) => Err(ProposeError::NotLeader {
+                leader: self.status().leader_address(),
+            }),
+            Err(openraft::error::RaftError::APIError(e)) => {
+                Err(ProposeError::Unavailable(e.to_string()))
+            }
+            Err(e) => Err(ProposeError::Fatal(e.to_string())),
+        }
+    }
+
     /// Reads entries `[start, end)` that are present in this member's log, with their payloads
     /// (None for blank and membership entries).
     pub fn read_entries(&self, start: u64, end: u64) -> std::io::Result<Vec<(u64, Option<Bytes>)>> {

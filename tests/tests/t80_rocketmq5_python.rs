@@ -930,20 +930,7 @@ async fn t89_client_configured_with_every_node_address_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t80_delay_messages_arrive_not_before_their_time_and_recall_works() {
     let c = cluster_with_topic("rmq5-normal", 2, &[]).await;
-    let leader = c.leader().await;
-    let r = c
-        .client(leader)
-        .await
-        .create_topic(CreateTopicRequest {
-            name: "rmq5-delay".into(),
-            queues: 2,
-            update: false,
-            message_type: TopicMessageType::Delay as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    create_typed_topic(&c, "rmq5-delay", TopicMessageType::Delay).await;
     let out = run_script(
         &c,
         "delay.py",
@@ -1039,20 +1026,7 @@ async fn t80_delay_messages_arrive_not_before_their_time_and_recall_works() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t80_fifo_message_groups_in_order_while_one_waits_for_its_redelivery() {
     let c = Cluster::start(3, &REGISTER_EVERY).await;
-    let leader = c.leader().await;
-    let r = c
-        .client(leader)
-        .await
-        .create_topic(CreateTopicRequest {
-            name: "rmq5-fifo".into(),
-            queues: 2,
-            update: false,
-            message_type: TopicMessageType::Fifo as i32,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    create_typed_topic(&c, "rmq5-fifo", TopicMessageType::Fifo).await;
     create_group_with(
         &c,
         GroupConfig {
@@ -1163,8 +1137,8 @@ async fn t80_fifo_message_groups_in_order_while_one_waits_for_its_redelivery() {
     );
 }
 
-/// Creates `name` as a TRANSACTION topic of 2 queues on the leader.
-async fn create_txn_topic(c: &Cluster, name: &str) {
+/// Creates `name` as a topic of type `ty` with 2 queues on the leader.
+async fn create_typed_topic(c: &Cluster, name: &str, ty: TopicMessageType) {
     let leader = c.leader().await;
     let r = c
         .client(leader)
@@ -1173,12 +1147,12 @@ async fn create_txn_topic(c: &Cluster, name: &str) {
             name: name.into(),
             queues: 2,
             update: false,
-            message_type: TopicMessageType::Transaction as i32,
+            message_type: ty as i32,
         })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    assert_eq!(code(&r.error), ErrorCode::Ok, "{name}: {:?}", r.error);
 }
 
 /// Transactional messages with the official client. Six half messages: the even ones committed,
@@ -1195,7 +1169,7 @@ async fn t80_transactions_commit_rollback_and_check_back() {
     let mut extra: Vec<&str> = REGISTER_EVERY.to_vec();
     extra.extend(["--config", conf.to_str().unwrap()]);
     let c = Cluster::start(3, &extra).await;
-    create_txn_topic(&c, "rmq5-txn").await;
+    create_typed_topic(&c, "rmq5-txn", TopicMessageType::Transaction).await;
     let out = run_script(
         &c,
         "transaction.py",

@@ -665,17 +665,8 @@ impl BrokerState {
                 create_group,
                 picks,
                 advance,
-            } => {
-                self.stamp(now_ms);
-                let Some(t) = self.topics.get(&topic) else {
-                    return Reply::TopicNotFound(topic);
-                };
-                let bounds = |q: u32| {
-                    t.queues
-                        .get(q as usize)
-                        .map(|q| (q.min_offset, q.next_offset))
-                };
-                self.pop.pop(
+            } => self.receive(&topic, now_ms, |pop, bounds| {
+                pop.pop(
                     index,
                     &group,
                     &topic,
@@ -686,7 +677,7 @@ impl BrokerState {
                     &advance,
                     bounds,
                 )
-            }
+            }),
             CommandView::PopFifo {
                 group,
                 topic,
@@ -695,16 +686,7 @@ impl BrokerState {
                 create_group,
                 picks,
                 advance,
-            } => {
-                self.stamp(now_ms);
-                let Some(t) = self.topics.get(&topic) else {
-                    return Reply::TopicNotFound(topic);
-                };
-                let bounds = |q: u32| {
-                    t.queues
-                        .get(q as usize)
-                        .map(|q| (q.min_offset, q.next_offset))
-                };
+            } => self.receive(&topic, now_ms, |pop, bounds| {
                 let req = pop::PopReq {
                     index,
                     group: &group,
@@ -713,8 +695,8 @@ impl BrokerState {
                     invisible_ms,
                     create_group,
                 };
-                self.pop.pop_fifo(req, &picks, &advance, bounds)
-            }
+                pop.pop_fifo(req, &picks, &advance, bounds)
+            }),
             CommandView::Ack {
                 group,
                 topic,
@@ -938,6 +920,26 @@ impl BrokerState {
                 }
             }
         }
+    }
+
+    /// A receive entry (`Pop`, `PopFifo`) on `topic`: `hand_out` gets the POP state and each
+    /// queue's offsets (`None` for a queue the topic does not have).
+    fn receive(
+        &mut self,
+        topic: &str,
+        now_ms: u64,
+        hand_out: impl FnOnce(&mut PopState, &dyn Fn(u32) -> Option<pop::Bounds>) -> Reply,
+    ) -> Reply {
+        self.stamp(now_ms);
+        let Some(t) = self.topics.get(topic) else {
+            return Reply::TopicNotFound(topic.to_string());
+        };
+        let bounds = |q: u32| {
+            t.queues
+                .get(q as usize)
+                .map(|q| (q.min_offset, q.next_offset))
+        };
+        hand_out(&mut self.pop, &bounds)
     }
 
     /// `CreateTopic` (`message_type` None: an entry of an earlier build, which keeps a type set

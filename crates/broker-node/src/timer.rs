@@ -157,12 +157,23 @@ impl Timer {
         topic: &str,
         queue: u32,
     ) -> bool {
+        let place = (check_at_ms, location(log_index, position));
+        self.held(&self.half, place, (topic, queue), |&(n, q, _)| (n, q))
+    }
+
+    /// Whether `index` holds `place` for `topic`/`queue` (`of` reads an item's topic number and
+    /// queue).
+    fn held<V>(
+        &self,
+        index: &BTreeMap<(u64, Location), V>,
+        place: (u64, Location),
+        (topic, queue): (&str, u32),
+        of: impl Fn(&V) -> (u32, u32),
+    ) -> bool {
         let Some(&n) = self.numbers.get(topic) else {
             return false;
         };
-        self.half
-            .get(&(check_at_ms, location(log_index, position)))
-            .is_some_and(|&(hn, hq, _)| (hn, hq) == (n, queue))
+        index.get(&place).is_some_and(|v| of(v) == (n, queue))
     }
 
     /// The half message of transaction `txn`, if it is still open.
@@ -214,12 +225,8 @@ impl Timer {
         topic: &str,
         queue: u32,
     ) -> bool {
-        let Some(&n) = self.numbers.get(topic) else {
-            return false;
-        };
-        self.due
-            .get(&(deliver_at_ms, location(log_index, position)))
-            .is_some_and(|&v| v == (n, queue))
+        let place = (deliver_at_ms, location(log_index, position));
+        self.held(&self.due, place, (topic, queue), |&v| v)
     }
 
     /// Drops a waiting message (or half message); whether it waited.

@@ -29,15 +29,6 @@ from rocketmq.v5.util import ClientId, MessageIdCodec, Misc, Signature
 UNKNOWN_TOPIC = "no-such-topic-rmq5"
 
 
-def attempt(fn):
-    """Runs `fn`; the case raised (with its error) or returned (with what it returned)."""
-    try:
-        value = fn()
-        return {"raised": False, "error": None, "value": value}
-    except Exception as e:  # noqa: BLE001
-        return {"raised": True, "error": common.error_json(e, "case")}
-
-
 class Raw:
     """The client's generated MessagingService stub with the client's own signed headers."""
 
@@ -118,7 +109,7 @@ def main():
     producer.startup()
     try:
         # Unknown topic: the client asks for its route, which the server must refuse.
-        cases["unknown_topic"] = attempt(lambda: producer.send(
+        cases["unknown_topic"] = common.attempt(lambda: producer.send(
             common.build_message(UNKNOWN_TOPIC, b"to nowhere", "TagA")).message_id)
         cases["raw_unknown_topic_route"] = raw_case(lambda: raw.query_route(UNKNOWN_TOPIC))
 
@@ -127,12 +118,12 @@ def main():
             m = common.build_message(args.topic, b"x", "TagA")
             m.body = b""
             return producer.send(m).message_id
-        cases["empty_body"] = attempt(empty)
+        cases["empty_body"] = common.attempt(empty)
         cases["raw_empty_body"] = raw_case(lambda: raw.send(args.topic, b""))
 
         # A body one byte over the node's limit.
         big = b"\x5a" * (args.body_limit + 1)
-        cases["body_too_large"] = attempt(lambda: producer.send(
+        cases["body_too_large"] = common.attempt(lambda: producer.send(
             common.build_message(args.topic, big, "TagA")).message_id)
         cases["raw_body_too_large"] = raw_case(lambda: raw.send(args.topic, big))
 
@@ -141,7 +132,7 @@ def main():
             m = common.build_message(args.topic, b"fifo on a normal topic", "TagA")
             m.message_group = "group-1"
             return producer.send(m).message_id
-        cases["fifo_on_normal_topic"] = attempt(fifo)
+        cases["fifo_on_normal_topic"] = common.attempt(fifo)
         cases["raw_fifo_on_normal_topic"] = raw_case(
             lambda: raw.send(args.topic, b"fifo on a normal topic", message_group="group-1"))
 
@@ -167,8 +158,8 @@ def main():
                     time.sleep(0.2)
             stale["received"] = msg is not None
             if msg is not None:
-                stale["first_ack"] = attempt(lambda: consumer.ack(msg))
-                stale["second_ack"] = attempt(lambda: consumer.ack(msg))
+                stale["first_ack"] = common.attempt(lambda: consumer.ack(msg))
+                stale["second_ack"] = common.attempt(lambda: consumer.ack(msg))
         finally:
             common.shutdown_quietly(consumer, errors, "stale case consumer shutdown")
         cases["stale_receipt_handle"] = stale
@@ -183,12 +174,12 @@ def main():
                 {args.topic: common.filter_expression("idx > 1", "sql")}, await_duration=2)
             sql_consumer.startup()
             return len(sql_consumer.receive(16, 10) or [])
-        cases["sql92_filter"] = attempt(sql)
+        cases["sql92_filter"] = common.attempt(sql)
         common.shutdown_quietly(sql_consumer, errors, "sql consumer shutdown")
 
         # The node serves on: a normal send, received and acked.
         after = {}
-        after["send"] = attempt(lambda: producer.send(
+        after["send"] = common.attempt(lambda: producer.send(
             common.build_message(args.topic, b"still serving", "TagAfter")).message_id)
         if not after["send"]["raised"]:
             sent_id = after["send"]["value"]

@@ -174,3 +174,17 @@ def shutdown_quietly(client, errors, where):
 
 def now():
     return time.monotonic()
+
+
+def now_ms():
+    """Milliseconds since the epoch, by this host's clock."""
+    return int(time.time() * 1000)
+
+
+def attempt(fn):
+    """Runs `fn`; the case raised (with its error) or returned (with what it returned)."""
+    try:
+        value = fn()
+        return {"raised": False, "error": None, "value": value}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": True, "error": error_json(e, "case")}

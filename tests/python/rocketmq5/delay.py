@@ -17,18 +17,6 @@ import common
 from rocketmq import Producer, SimpleConsumer
 
 
-def now_ms():
-    return int(time.time() * 1000)
-
-
-def attempt(f):
-    try:
-        f()
-        return {"raised": False, "error": None}
-    except Exception as e:  # noqa: BLE001
-        return {"raised": True, "error": common.error_json(e, "case")}
-
-
 def main():
     p = common.parser(__doc__)
     p.add_argument("--normal-topic", required=True)
@@ -53,7 +41,7 @@ def main():
                 "id": r.message_id,
                 "deliver_at_ms": (base + i % 3) * 1000,
                 "recall_handle": r.recall_handle,
-                "sent_at_ms": now_ms(),
+                "sent_at_ms": common.now_ms(),
             })
         for s in sent[len(sent) - args.recall:]:
             try:
@@ -63,7 +51,7 @@ def main():
                 errors.append(common.error_json(e, f"recall {s['id']}"))
         if recalled:
             handle = sent[-1]["recall_handle"]
-            result["recall_again"] = attempt(lambda: producer.recall_message(args.topic, handle))
+            result["recall_again"] = common.attempt(lambda: producer.recall_message(args.topic, handle))
 
         def normal():
             m = common.build_message(args.normal_topic, b"x", "TagD")
@@ -75,8 +63,8 @@ def main():
             m.delivery_timestamp = int(time.time()) + 41 * 24 * 3600
             producer.send(m)
 
-        result["normal_topic"] = attempt(normal)
-        result["beyond_horizon"] = attempt(far)
+        result["normal_topic"] = common.attempt(normal)
+        result["beyond_horizon"] = common.attempt(far)
     finally:
         common.shutdown_quietly(producer, errors, "producer shutdown")
 
@@ -102,7 +90,7 @@ def main():
             for m in messages or []:
                 received.append({
                     "id": m.message_id,
-                    "at_ms": now_ms(),
+                    "at_ms": common.now_ms(),
                     "delivery_timestamp_ms": m.delivery_timestamp,
                     "message_type": m.message_type,
                 })

@@ -27,10 +27,6 @@ from rocketmq import Producer, SimpleConsumer
 ERRORS_KEPT = 50
 
 
-def now_ms():
-    return int(time.time() * 1000)
-
-
 def parse_body(body):
     """ "g3-7" -> ("g3", 7); (text, None) for a body of another shape."""
     text = bytes(body or b"").decode("utf-8", errors="replace")
@@ -66,7 +62,7 @@ class State:
         with self.lock:
             if self.failed is not None or body_text != self.fail_body:
                 return False
-            self.failed = {"id": message_id, "consumer": consumer, "at_ms": now_ms()}
+            self.failed = {"id": message_id, "consumer": consumer, "at_ms": common.now_ms()}
             return True
 
     def record(self, event, message_id):
@@ -97,7 +93,7 @@ def consume(index, consumer, state, deadline, args):
             time.sleep(0.2)
             continue
         for m in messages or []:
-            at = now_ms()
+            at = common.now_ms()
             text, _, seq = parse_body(m.body)
             event = {
                 "consumer": name,
@@ -115,7 +111,7 @@ def consume(index, consumer, state, deadline, args):
                 event["failed_on_purpose"] = True  # not acked: it must come again
             else:
                 try:
-                    event["ack_ms"] = now_ms()
+                    event["ack_ms"] = common.now_ms()
                     consumer.ack(m)
                     event["acked"] = True
                 except Exception as e:  # noqa: BLE001
@@ -155,7 +151,7 @@ def main():
                     errors.append(common.error_json(e, f"send {body}"))
                     continue
                 sent.append({"id": r.message_id, "group": group, "seq": seq, "body": body,
-                             "at_ms": now_ms()})
+                             "at_ms": common.now_ms()})
     finally:
         common.shutdown_quietly(producer, errors, "producer shutdown")
 

@@ -36,18 +36,6 @@ from rocketmq import (Producer, SimpleConsumer, TransactionChecker,
                       TransactionResolution)
 
 
-def now_ms():
-    return int(time.time() * 1000)
-
-
-def attempt(f):
-    try:
-        f()
-        return {"raised": False, "error": None}
-    except Exception as e:  # noqa: BLE001
-        return {"raised": True, "error": common.error_json(e, "case")}
-
-
 def body_text(body):
     return bytes(body or b"").decode("utf-8", errors="replace")
 
@@ -73,7 +61,7 @@ class RecordingChecker(TransactionChecker):
     def check(self, message):
         text = body_text(message.body)
         rec = {"id": message.message_id, "topic": message.topic, "body": text,
-               "at_ms": now_ms(), "answer": None}
+               "at_ms": common.now_ms(), "answer": None}
         try:
             if self.answer == "silent":
                 rec["answer"] = "NONE"
@@ -121,7 +109,7 @@ def receive_once(consumer, args, received, errors):
         received.append({
             "id": m.message_id,
             "body": body_text(m.body),
-            "at_ms": now_ms(),
+            "at_ms": common.now_ms(),
             "attempt": m.delivery_attempt,
             "message_type": m.message_type,
         })
@@ -143,7 +131,7 @@ def send_half(producer, args, i, errors):
         errors.append(common.error_json(e, f"send txn-{i}"))
         return None, None
     return tx, {"id": r.message_id, "i": i, "transaction_id": r.transaction_id,
-                "sent_at_ms": now_ms()}
+                "sent_at_ms": common.now_ms()}
 
 
 def commit_rollback(args, deadline, checker):
@@ -168,12 +156,12 @@ def commit_rollback(args, deadline, checker):
                 else:
                     tx.rollback()
                 ended.append({"id": s["id"], "i": s["i"], "action": s["action"],
-                              "at_ms": now_ms()})
+                              "at_ms": common.now_ms()})
             except Exception as e:  # noqa: BLE001
                 errors.append(common.error_json(e, f"{s['action']} txn-{s['i']}"))
         first_commit = next((tx for tx, s in txs if s["action"] == "commit"), None)
         if first_commit is not None:
-            result["commit_again"] = attempt(first_commit.commit)
+            result["commit_again"] = common.attempt(first_commit.commit)
         else:
             result["commit_again"] = None
     finally:

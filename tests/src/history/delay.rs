@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 
 use super::pop::wall_ms;
 use super::{History, lock};
-use crate::{Cluster, SendOutcome, TestProducer, code, read_stored, send_until};
+use crate::{Cluster, SendOutcome, TestProducer, read_stored, send_until};
 
 pub const DELAY_TOPIC: &str = "hist-delay";
 /// Producer ids of the delay senders start here (apart from the workload's).
@@ -119,29 +119,7 @@ impl std::fmt::Display for DelayReport {
 
 /// Creates [`DELAY_TOPIC`] (type DELAY) on the leader, retrying through elections.
 pub async fn create_delay_topic(c: &Cluster) -> Result<(), String> {
-    let t = Instant::now();
-    loop {
-        let leader = c.leader().await;
-        let r = c
-            .client(leader)
-            .await
-            .create_topic(CreateTopicRequest {
-                name: DELAY_TOPIC.into(),
-                queues: super::QUEUES,
-                update: false,
-                message_type: TopicMessageType::Delay as i32,
-            })
-            .await;
-        match r.map(|r| r.into_inner()) {
-            Ok(r) if matches!(code(&r.error), ErrorCode::Ok | ErrorCode::TopicExists) => {
-                return Ok(());
-            }
-            other if t.elapsed() > Duration::from_secs(30) => {
-                return Err(format!("creating {DELAY_TOPIC}: {other:?}"));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+    super::create_typed_topic(c, DELAY_TOPIC, TopicMessageType::Delay).await
 }
 
 /// One sender: schedules one message every `cfg.interval` until `stop` (or `until`), each sent

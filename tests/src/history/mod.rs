@@ -266,3 +266,41 @@ impl History {
         self.t0.elapsed()
     }
 }
+
+/// Creates topic `name` of type `ty` with [`QUEUES`] queues on the leader (an existing one is
+/// fine), retrying through elections for up to 30 s.
+pub(crate) async fn create_typed_topic(
+    c: &crate::Cluster,
+    name: &str,
+    ty: raftmq_proto::v1::TopicMessageType,
+) -> Result<(), String> {
+    use raftmq_proto::v1::{CreateTopicRequest, ErrorCode};
+    let t = std::time::Instant::now();
+    loop {
+        let leader = c.leader().await;
+        let r = c
+            .client(leader)
+            .await
+            .create_topic(CreateTopicRequest {
+                name: name.into(),
+                queues: QUEUES,
+                update: false,
+                message_type: ty as i32,
+            })
+            .await;
+        match r.map(|r| r.into_inner()) {
+            Ok(r)
+                if matches!(
+                    crate::code(&r.error),
+                    ErrorCode::Ok | ErrorCode::TopicExists
+                ) =>
+            {
+                return Ok(());
+            }
+            other if t.elapsed() > std::time::Duration::from_secs(30) => {
+                return Err(format!("creating {name}: {other:?}"));
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}

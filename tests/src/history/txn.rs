@@ -149,29 +149,7 @@ impl std::fmt::Display for TxnReport {
 
 /// Creates [`TXN_TOPIC`] (type TRANSACTION) on the leader, retrying through elections.
 pub async fn create_txn_topic(c: &Cluster) -> Result<(), String> {
-    let t = Instant::now();
-    loop {
-        let leader = c.leader().await;
-        let r = c
-            .client(leader)
-            .await
-            .create_topic(CreateTopicRequest {
-                name: TXN_TOPIC.into(),
-                queues: super::QUEUES,
-                update: false,
-                message_type: TopicMessageType::Transaction as i32,
-            })
-            .await;
-        match r.map(|r| r.into_inner()) {
-            Ok(r) if matches!(code(&r.error), ErrorCode::Ok | ErrorCode::TopicExists) => {
-                return Ok(());
-            }
-            other if t.elapsed() > Duration::from_secs(30) => {
-                return Err(format!("creating {TXN_TOPIC}: {other:?}"));
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
+    super::create_typed_topic(c, TXN_TOPIC, TopicMessageType::Transaction).await
 }
 
 /// Ends transaction `id` on whichever node leads, following NOT_LEADER, until `END_DEADLINE`.

@@ -183,10 +183,15 @@ impl Timer {
         Some(self.half_waiting(&(at, loc), h))
     }
 
-    /// Half messages whose check time is at or before `now_ms`, earliest first, at most `max`.
-    pub fn checks_due(&self, now_ms: u64, max: usize) -> Vec<Waiting> {
+    /// `topic`'s half messages whose check time is at or before `now_ms`, earliest first, at
+    /// most `max`.
+    pub fn checks_due(&self, topic: &str, now_ms: u64, max: usize) -> Vec<Waiting> {
+        let Some(&n) = self.numbers.get(topic) else {
+            return Vec::new();
+        };
         self.half
             .range(..(now_ms.saturating_add(1), 0))
+            .filter(|(_, v)| v.0 == n)
             .take(max)
             .map(|(k, v)| self.half_waiting(k, v))
             .collect()
@@ -437,8 +442,9 @@ mod tests {
             "a half message is never due"
         );
         assert_eq!(t.next_due_ms(), Some(100));
-        assert_eq!(t.checks_due(50, 10)[0].txn, Some((6, 0)));
-        assert!(t.checks_due(49, 10).is_empty());
+        assert_eq!(t.checks_due("tx", 50, 10)[0].txn, Some((6, 0)));
+        assert!(t.checks_due("tx", 49, 10).is_empty());
+        assert!(t.checks_due("d", 50, 10).is_empty(), "another topic's");
         assert!(t.holds_half(50, (6, 0), "tx", 1) && !t.holds(50, (6, 0), "tx", 1));
         // A check-back moves it: entry 9, next check at 70; the transaction finds the move.
         assert!(t.remove(50, (6, 0)));

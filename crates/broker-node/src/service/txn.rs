@@ -207,14 +207,9 @@ impl Broker {
         let now = super::wall_ms();
         let max = (req.max as usize).clamp(1, TXNS_PER_CALL_MAX);
         let limits = &self.node.cfg.limits;
-        let due: Vec<Waiting> = self.node.state_value(|s| {
-            s.timer
-                .checks_due(now, usize::MAX)
-                .into_iter()
-                .filter(|w| *w.topic == *req.topic)
-                .take(max)
-                .collect()
-        });
+        let due: Vec<Waiting> = self
+            .node
+            .state_value(|s| s.timer.checks_due(&req.topic, now, max));
         let bodies = self.read_waiting(&due)?;
         let mut taken = Vec::new();
         for (w, mut m) in due.into_iter().zip(bodies) {

@@ -286,7 +286,7 @@ mod tests {
         assert_eq!(ids.len(), 1);
         assert_eq!(ids[0].uri(), "raftmq://C/broker-a/2");
         assert!(crate::identity::names_member_of(
-            &[leaf.clone()],
+            std::slice::from_ref(&leaf),
             "C",
             "broker-a"
         ));

@@ -7,7 +7,8 @@
 //! it): a varint tag, the variant's index (`CreateTopic` 0, `DeleteTopic` 1, `Send` 2,
 //! `CommitOffset` 3, `Trim` 4, `ConfigureTopic` 5, `UpsertGroup` 6, `DeleteGroup` 7, `Pop` 8,
 //! `Ack` 9, `ChangeInvisible` 10, `DeadLetter` 11, `SendOnce` 12, `ResetPop` 13, `Schedule` 14,
-//! `Deliver` 15, `Recall` 16, `PopFifo` 17, `EndTxn` 18), then the
+//! `Deliver` 15, `Recall` 16, `PopFifo` 17, `EndTxn` 18, `PutUser` 19, `DeleteUser` 20,
+//! `ChangeRule` 21), then the
 //! variant's fields in
 //! declaration order. Integers are varints, `bool` one byte, strings and byte strings a varint
 //! length then the bytes, a vector a varint count then its items. A `Send` is
@@ -38,7 +39,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 19;
+pub const COMMAND_TAGS: u32 = 22;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -279,6 +280,27 @@ pub enum CommandOf<B> {
         position: u32,
         commit: bool,
         messages: Vec<B>,
+    },
+    /// Creates (`create`) or changes a user's secret and role (its rules are kept). A create of
+    /// a user that exists, or a change of one that does not, stores nothing
+    /// ([`Reply::Invalid`]). Users are replicated state: every node checks signatures against
+    /// the same secrets. The secret is in the log and snapshots as RocketMQ keeps it (HMAC needs
+    /// it), never in a reply, a status or a log line.
+    PutUser {
+        access_key: String,
+        secret: String,
+        admin: bool,
+        create: bool,
+    },
+    /// Deletes a user and its rules.
+    DeleteUser {
+        access_key: String,
+    },
+    /// Adds a rule to a user's rules (when not there already), or removes it (`revoke`).
+    ChangeRule {
+        access_key: String,
+        rule: raftmq_security::acl::Rule,
+        revoke: bool,
     },
 }
 

@@ -150,6 +150,21 @@ impl Default for RocketMq {
     }
 }
 
+/// A secret from the config: `{:?}` and serialization for display never show it.
+#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "<unset>"
+        } else {
+            "<hidden>"
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
@@ -183,6 +198,23 @@ pub struct Config {
     /// On SIGTERM a leader hands leadership to a caught-up follower and waits up to this long for
     /// it to take over before stopping (a follower stops at once). 0: no hand-over.
     pub shutdown_drain_ms: u64,
+    /// TLS on the node's port (every service: client API, admin, Raft peers, RocketMQ 5,
+    /// `/metrics`): the CA bundle, this node's certificate and key (PEM). All three or none;
+    /// none: plaintext, said loudly at start.
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// How often the TLS files are looked at for a change (rotation without a restart).
+    pub tls_reload_ms: u64,
+    /// Requests must be signed by a user (MQv2-HMAC-SHA1) and allowed by the user's rules.
+    pub auth: bool,
+    /// The bootstrap admin (RocketMQ's initial authentication user): always an admin, on every
+    /// node from its config, so a new cluster can be managed before any user exists. Nodes
+    /// also sign their own calls to other nodes with it.
+    pub admin_access_key: String,
+    pub admin_secret_key: Secret,
+    /// A signature's date is taken while it lies this close to the node's clock, in seconds.
+    pub signature_window_secs: u64,
     pub raft: RaftConfig,
     pub limits: Limits,
     pub read_hint: ReadHintConfig,
@@ -209,6 +241,14 @@ impl Default for Config {
             peer_template: String::new(),
             group_size: 0,
             shutdown_drain_ms: 10_000,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_reload_ms: 5_000,
+            auth: false,
+            admin_access_key: "admin".into(),
+            admin_secret_key: Secret::default(),
+            signature_window_secs: raftmq_security::sign::WINDOW_SECS_DEFAULT,
             raft: RaftConfig::default(),
             limits: Limits::default(),
             read_hint: ReadHintConfig::default(),
@@ -265,6 +305,31 @@ impl Config {
     /// Parses `--peer-routes`, in the same form as `--peers`.
     pub fn peer_route_map(&self) -> Result<BTreeMap<u64, String>, ConfigError> {
         parse_id_addrs("peer_routes", &self.peer_routes)
+    }
+
+    /// The TLS material the config names, loaded (None: plaintext).
+    pub fn tls(&self) -> anyhow::Result<Option<std::sync::Arc<raftmq_security::tls::Tls>>> {
+        let (Some(ca), Some(cert), Some(key)) = (&self.tls_ca, &self.tls_cert, &self.tls_key)
+        else {
+            return Ok(None);
+        };
+        let files = raftmq_security::tls::TlsFiles {
+            ca: ca.clone(),
+            cert: Some(cert.clone()),
+            key: Some(key.clone()),
+        };
+        Ok(Some(raftmq_security::tls::Tls::load(files)?))
+    }
+
+    /// The bootstrap admin's credentials, with auth on: what this node signs its own calls to
+    /// other nodes and to the nameservers with.
+    pub fn admin_credentials(&self) -> Option<std::sync::Arc<raftmq_security::sign::Credentials>> {
+        self.auth.then(|| {
+            std::sync::Arc::new(raftmq_security::sign::Credentials {
+                access_key: self.admin_access_key.clone(),
+                secret: self.admin_secret_key.0.clone(),
+            })
+        })
     }
 
     pub fn nameserver_list(&self) -> Vec<String> {
@@ -379,6 +444,31 @@ impl Config {
         if self.limits.txn_checks_max == 0 {
             return Err(invalid("limits.txn_checks_max", "must be at least 1"));
         }
+        match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (None, None, None) | (Some(_), Some(_), Some(_)) => {}
+            _ => {
+                return Err(invalid(
+                    "tls_ca",
+                    "tls_ca, tls_cert and tls_key are given together (or none of them)",
+                ));
+            }
+        }
+        if self.tls_reload_ms < 100 {
+            return Err(invalid("tls_reload_ms", "must be at least 100"));
+        }
+        if self.auth {
+            raftmq_security::acl::validate_user(&self.admin_access_key, &self.admin_secret_key.0)
+                .map_err(|e| match e {
+                raftmq_security::acl::AclError::Secret => invalid(
+                    "admin_secret_key",
+                    "must be set with auth on: 8 to 256 characters, no control characters",
+                ),
+                other => invalid("admin_access_key", other.to_string()),
+            })?;
+        }
+        if self.signature_window_secs == 0 {
+            return Err(invalid("signature_window_secs", "must be at least 1"));
+        }
         if self.register_interval_ms < 100 {
             return Err(invalid("register_interval_ms", "must be at least 100"));
         }
@@ -489,6 +579,24 @@ pub struct Args {
     /// Longest wait, on SIGTERM, for a follower to take over leadership (0: no hand-over).
     #[arg(long, env = "RAFTMQ_SHUTDOWN_DRAIN_MS")]
     pub shutdown_drain_ms: Option<u64>,
+    /// CA bundle (PEM) trusted for peers and clients; with --tls-cert and --tls-key, TLS on.
+    #[arg(long, env = "RAFTMQ_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate chain (PEM).
+    #[arg(long, env = "RAFTMQ_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long, env = "RAFTMQ_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Require signed requests and check each user's rules.
+    #[arg(long, env = "RAFTMQ_AUTH")]
+    pub auth: bool,
+    /// The bootstrap admin's access key (default "admin").
+    #[arg(long, env = "RAFTMQ_ADMIN_ACCESS_KEY")]
+    pub admin_access_key: Option<String>,
+    /// The bootstrap admin's secret key (prefer the environment variable to the flag).
+    #[arg(long, env = "RAFTMQ_ADMIN_SECRET_KEY", hide_env_values = true)]
+    pub admin_secret_key: Option<String>,
     /// UNSAFE flush mode for benchmarks only: acknowledge before fsync (loses data on power loss).
     #[arg(long, env = "RAFTMQ_FLUSH_MODE")]
     pub flush_mode: Option<String>,
@@ -515,6 +623,12 @@ impl Args {
         set(&mut c.peer_template, self.peer_template);
         set(&mut c.group_size, self.group_size);
         set(&mut c.shutdown_drain_ms, self.shutdown_drain_ms);
+        set(&mut c.tls_ca, self.tls_ca.map(Some));
+        set(&mut c.tls_cert, self.tls_cert.map(Some));
+        set(&mut c.tls_key, self.tls_key.map(Some));
+        c.auth |= self.auth;
+        set(&mut c.admin_access_key, self.admin_access_key);
+        set(&mut c.admin_secret_key, self.admin_secret_key.map(Secret));
         set(
             &mut c.read_hint.leader_busy_msgs_per_sec,
             self.leader_busy_msgs_per_sec,

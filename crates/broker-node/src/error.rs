@@ -50,6 +50,23 @@ pub enum Error {
 /// A request refused for what it asks: the same request gets the same answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refused {
+    /// A request without a valid signature (auth on); the reason names what is wrong, never a
+    /// secret.
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated {
+        /// Why the signature was not taken.
+        reason: String,
+    },
+    /// A user whose rules do not allow the action on the resource.
+    #[error("forbidden: {who} may not {action} on {resource}")]
+    Forbidden {
+        /// The access key.
+        who: String,
+        /// The action asked for (Pub, Sub, …).
+        action: String,
+        /// The resource (`topic:orders`, `group:g1`, `cluster`).
+        resource: String,
+    },
     /// A field is malformed (a name, or a rule the state machine checks); `reason` says which.
     #[error("{reason}")]
     InvalidArgument {
@@ -375,6 +392,8 @@ impl Error {
                 Refused::IllegalDeliveryTime { .. } => ErrorCode::IllegalDeliveryTime,
                 Refused::NotScheduled { .. } => ErrorCode::NotScheduled,
                 Refused::TransactionNotOpen { .. } => ErrorCode::TransactionNotOpen,
+                Refused::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+                Refused::Forbidden { .. } => ErrorCode::Forbidden,
             },
             Error::Unavailable(u) => match u {
                 Unavailable::Busy => ErrorCode::Busy,

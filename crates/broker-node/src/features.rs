@@ -105,8 +105,8 @@ pub fn tag_of(encoded: &[u8]) -> Option<u32> {
         .map(|(t, _)| t)
 }
 
-fn channel(addr: &str) -> Option<tonic::transport::Channel> {
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?;
+fn channel(node: &Node, addr: &str) -> Option<tonic::transport::Channel> {
+    let ep = node.endpoint(addr)?;
     Some(
         ep.connect_timeout(Duration::from_millis(500))
             .timeout(Duration::from_secs(1))
@@ -120,9 +120,9 @@ pub async fn ask(node: &Node, ids: &[u64]) {
     let calls = ids
         .iter()
         .filter(|id| **id != node.cfg.node_id)
-        .filter_map(|id| Some((*id, channel(st.addresses.get(id)?)?)))
+        .filter_map(|id| Some((*id, channel(node, st.addresses.get(id)?)?)))
         .map(|(id, ch)| async move {
-            let r = BrokerServiceClient::new(ch)
+            let r = BrokerServiceClient::with_interceptor(ch, node.signer())
                 .node_status(NodeStatusRequest {})
                 .await
                 .ok()?

@@ -59,6 +59,9 @@ pub struct Node {
     pub features: crate::features::Features,
     /// When this process made the node (its uptime).
     pub started: Instant,
+    /// TLS material (None: plaintext): what the node serves and presents when it dials other
+    /// nodes and the nameservers.
+    pub tls: Option<Arc<raftmq_security::tls::Tls>>,
 }
 
 /// Handles of one ack request and where its per-handle results go.
@@ -75,7 +78,12 @@ pub struct AckLane {
 }
 
 impl Node {
-    pub fn new(cfg: Config, address: String, member: Member<BrokerState>) -> Arc<Node> {
+    pub fn new(
+        cfg: Config,
+        address: String,
+        member: Member<BrokerState>,
+        tls: Option<Arc<raftmq_security::tls::Tls>>,
+    ) -> Arc<Node> {
         let inflight = Arc::new(Semaphore::new(cfg.limits.inflight_sends_max));
         let features = crate::features::Features::load(&cfg.data_dir);
         let node = Arc::new(Node {
@@ -91,6 +99,7 @@ impl Node {
             ack_lanes: Mutex::new(HashMap::new()),
             features,
             started: Instant::now(),
+            tls,
         });
         let weak = Arc::downgrade(&node);
         tokio::spawn(async move {
@@ -107,6 +116,22 @@ impl Node {
             }
         });
         node
+    }
+
+    /// An endpoint toward another node or a nameserver at `address`: TLS with this node's
+    /// certificate when TLS is on.
+    pub fn endpoint(&self, address: &str) -> Option<tonic::transport::Endpoint> {
+        let uri = raftmq_security::tls::uri(address, self.tls.is_some());
+        let ep = tonic::transport::Endpoint::from_shared(uri).ok()?;
+        match &self.tls {
+            Some(tls) => ep.tls_config(tls.client_config()).ok(),
+            None => Some(ep),
+        }
+    }
+
+    /// The interceptor that signs this node's own calls (with auth on, as the bootstrap admin).
+    pub fn signer(&self) -> raftmq_security::sign::Signer {
+        raftmq_security::sign::Signer(self.cfg.admin_credentials())
     }
 
     /// The applied state, read under its lock (a lock poisoned by a panicking writer still reads).

@@ -48,13 +48,25 @@ fn fingerprint(node: &Node) -> (String, u64, Option<u64>, u64) {
 /// How often `dns:` nameserver entries are resolved again.
 const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 
-fn channel(addr: &str) -> Option<Channel> {
-    let uri = if addr.starts_with("http") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    match Endpoint::from_shared(uri) {
+/// A channel to the nameserver at `addr`; over TLS when `tls` is set, checking the nameserver's
+/// certificate for `domain` (the `dns:` name an address was resolved from) or else `addr`'s host.
+fn channel(
+    addr: &str,
+    tls: Option<&Arc<raftmq_security::tls::Tls>>,
+    domain: Option<&str>,
+) -> Option<Channel> {
+    let uri = raftmq_security::tls::uri(addr, tls.is_some());
+    let ep = Endpoint::from_shared(uri).and_then(|ep| match tls {
+        Some(t) => {
+            let mut cfg = t.client_config();
+            if let Some(d) = domain {
+                cfg = cfg.domain_name(d);
+            }
+            ep.tls_config(cfg)
+        }
+        None => Ok(ep),
+    });
+    match ep {
         Ok(ep) => Some(
             ep.connect_timeout(Duration::from_millis(500))
                 .timeout(Duration::from_secs(2))
@@ -71,6 +83,7 @@ fn channel(addr: &str) -> Option<Channel> {
 /// stand for every address NAME resolves to (a Kubernetes headless Service in front of a
 /// Deployment of nameservers), resolved again every few seconds.
 struct Nameservers {
+    tls: Option<Arc<raftmq_security::tls::Tls>>,
     fixed: Vec<(String, Channel)>,
     dns: Vec<String>,
     resolved: std::collections::BTreeMap<String, Channel>,
@@ -78,14 +91,15 @@ struct Nameservers {
 }
 
 impl Nameservers {
-    fn new(list: Vec<String>) -> Self {
+    fn new(list: Vec<String>, tls: Option<Arc<raftmq_security::tls::Tls>>) -> Self {
         let (dns, fixed): (Vec<_>, Vec<_>) =
             list.into_iter().partition(|ns| ns.starts_with("dns:"));
         Nameservers {
             fixed: fixed
                 .into_iter()
-                .filter_map(|ns| channel(&ns).map(|c| (ns, c)))
+                .filter_map(|ns| channel(&ns, tls.as_ref(), None).map(|c| (ns, c)))
                 .collect(),
+            tls,
             dns: dns
                 .into_iter()
                 .map(|d| d.trim_start_matches("dns:").to_string())
@@ -109,22 +123,23 @@ impl Nameservers {
             return false;
         }
         self.resolved_at = Some(Instant::now());
-        let mut now = std::collections::BTreeSet::new();
+        let mut now = std::collections::BTreeMap::new();
         for name in &self.dns {
+            let host = name.rsplit_once(':').map_or(name.as_str(), |(h, _)| h);
             match tokio::net::lookup_host(name.as_str()).await {
-                Ok(addrs) => now.extend(addrs.map(|a| a.to_string())),
+                Ok(addrs) => now.extend(addrs.map(|a| (a.to_string(), host.to_string()))),
                 Err(e) => tracing::debug!(nameserver = %name, error = %e, "cannot resolve"),
             }
         }
         let before: std::collections::BTreeSet<_> = self.resolved.keys().cloned().collect();
-        if before == now {
+        if before == now.keys().cloned().collect() {
             return false;
         }
-        tracing::info!(nameservers = ?now, "nameserver addresses resolved");
-        self.resolved.retain(|a, _| now.contains(a));
-        for a in now {
+        tracing::info!(nameservers = ?now.keys(), "nameserver addresses resolved");
+        self.resolved.retain(|a, _| now.contains_key(a));
+        for (a, host) in now {
             if !self.resolved.contains_key(&a)
-                && let Some(c) = channel(&a)
+                && let Some(c) = channel(&a, self.tls.as_ref(), Some(&host))
             {
                 self.resolved.insert(a, c);
             }
@@ -141,7 +156,7 @@ impl Nameservers {
 }
 
 pub fn spawn(node: Arc<Node>) {
-    let mut nameservers = Nameservers::new(node.cfg.nameserver_list());
+    let mut nameservers = Nameservers::new(node.cfg.nameserver_list(), node.tls.clone());
     if nameservers.is_empty() {
         return;
     }
@@ -163,7 +178,7 @@ pub fn spawn(node: Arc<Node>) {
             if Some(&fp) != last_fp.as_ref() || last_sent.elapsed() >= interval {
                 let req = request(&node);
                 let calls = nameservers.all().map(|(ns, ch)| {
-                    let mut c = NameserverServiceClient::new(ch.clone());
+                    let mut c = NameserverServiceClient::with_interceptor(ch.clone(), node.signer());
                     let req = req.clone();
                     async move {
                         match c.register(req).await {

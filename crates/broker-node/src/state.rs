@@ -44,7 +44,7 @@ use raftmq_rocketmq_v2::convert::P_MSGID;
 /// Version 4 (this build writes it) is version 3 followed by the postcard encoding of the FIFO
 /// groups' order (`PopState::fifo`: per (group, topic, queue) a [`crate::pop::FifoQueue`]). A
 /// version-3 snapshot still restores, with no message group held.
-pub const BROKER_STATE_FORMAT_VERSION: u32 = 4;
+pub const BROKER_STATE_FORMAT_VERSION: u32 = 5;
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
@@ -415,6 +415,10 @@ pub struct BrokerState {
     /// Scheduled messages waiting for their time. Not in snapshots (see [`crate::timer`]).
     #[serde(skip)]
     pub timer: Timer,
+    /// Users by access key, with their secrets and rules. In snapshots from format 5, after the
+    /// FIFO state.
+    #[serde(skip)]
+    pub users: BTreeMap<String, raftmq_security::acl::User>,
 }
 
 /// The offset a producer window or the id record holds for a message that waits in the timer (it
@@ -474,6 +478,7 @@ impl From<BrokerStateV1> for BrokerState {
             sent_ids: SentIds::default(),
             stamped_ms: 0,
             offset_times: BTreeMap::new(),
+            users: BTreeMap::new(),
             timer: Timer::default(),
         }
     }
@@ -825,6 +830,57 @@ impl BrokerState {
                         "message {log_index}/{position} does not wait for {topic} queue {queue}"
                     ))
                 }
+            }
+            CommandView::PutUser {
+                access_key,
+                secret,
+                admin,
+                create,
+            } => match (self.users.get_mut(&access_key), create) {
+                (Some(_), true) => Reply::Invalid(format!("user {access_key:?} exists")),
+                (None, false) => Reply::Invalid(format!("no user {access_key:?}")),
+                (Some(u), false) => {
+                    u.secret = secret;
+                    u.admin = admin;
+                    Reply::Ok
+                }
+                (None, true) => {
+                    let user = raftmq_security::acl::User {
+                        access_key: access_key.clone(),
+                        secret,
+                        admin,
+                        rules: Vec::new(),
+                    };
+                    self.users.insert(access_key, user);
+                    Reply::Ok
+                }
+            },
+            CommandView::DeleteUser { access_key } => match self.users.remove(&access_key) {
+                Some(_) => Reply::Ok,
+                None => Reply::Invalid(format!("no user {access_key:?}")),
+            },
+            CommandView::ChangeRule {
+                access_key,
+                rule,
+                revoke,
+            } => {
+                let Some(u) = self.users.get_mut(&access_key) else {
+                    return Reply::Invalid(format!("no user {access_key:?}"));
+                };
+                let at = u.rules.iter().position(|r| *r == rule);
+                match (at, revoke) {
+                    (Some(i), true) => {
+                        u.rules.remove(i);
+                    }
+                    (None, true) => {
+                        return Reply::Invalid(format!(
+                            "user {access_key:?} has no rule \"{rule}\""
+                        ));
+                    }
+                    (Some(_), false) => {}
+                    (None, false) => u.rules.push(rule),
+                }
+                Reply::Ok
             }
             CommandView::EndTxn {
                 topic,
@@ -1218,6 +1274,7 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         let mut body = postcard::to_stdvec(self).expect("state always encodes");
         body = postcard::to_extend(&self.sent_ids, body).expect("ids always encode");
         body = postcard::to_extend(&self.pop.fifo, body).expect("FIFO state always encodes");
+        body = postcard::to_extend(&self.users, body).expect("users always encode");
         format::envelope(BROKER_STATE_FORMAT_VERSION, &body)
     }
 
@@ -1238,11 +1295,19 @@ impl raftmq_raft_log::StateMachine for BrokerState {
             let (mut s, rest) = postcard::take_from_bytes::<BrokerState>(body).map_err(bad)?;
             s.sent_ids = postcard::from_bytes(rest).map_err(bad)?;
             s
-        } else {
+        } else if version == 4 {
             let (mut s, rest) = postcard::take_from_bytes::<BrokerState>(body).map_err(bad)?;
             let (ids, rest) = postcard::take_from_bytes(rest).map_err(bad)?;
             s.sent_ids = ids;
             s.pop.fifo = postcard::from_bytes(rest).map_err(bad)?;
+            s
+        } else {
+            let (mut s, rest) = postcard::take_from_bytes::<BrokerState>(body).map_err(bad)?;
+            let (ids, rest) = postcard::take_from_bytes(rest).map_err(bad)?;
+            s.sent_ids = ids;
+            let (fifo, rest) = postcard::take_from_bytes(rest).map_err(bad)?;
+            s.pop.fifo = fifo;
+            s.users = postcard::from_bytes(rest).map_err(bad)?;
             s
         };
         s.topic_version += 1;

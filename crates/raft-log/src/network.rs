@@ -72,6 +72,8 @@ pub struct NetworkFactory {
     channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
     pipeline: bool,
     links: Arc<Mutex<Links>>,
+    /// TLS toward peers (this node's certificate as the client's).
+    tls: Option<Arc<raftmq_security::tls::Tls>>,
 }
 
 impl NetworkFactory {
@@ -79,6 +81,7 @@ impl NetworkFactory {
         me: Identity,
         routes: std::collections::BTreeMap<NodeId, String>,
         pipeline: bool,
+        tls: Option<Arc<raftmq_security::tls::Tls>>,
     ) -> NetworkFactory {
         NetworkFactory {
             me,
@@ -86,6 +89,7 @@ impl NetworkFactory {
             channels: Arc::new(Mutex::new(HashMap::new())),
             pipeline,
             links: Arc::default(),
+            tls,
         }
     }
 
@@ -102,13 +106,16 @@ impl NetworkFactory {
         if let Some(c) = g.get(&(target, addr.to_string())) {
             return Ok(c.clone());
         }
-        let uri = if addr.starts_with("http") {
-            addr.to_string()
-        } else {
-            format!("http://{addr}")
-        };
-        let ep = Endpoint::from_shared(uri)
-            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+        let uri = raftmq_security::tls::uri(addr, self.tls.is_some());
+        let mut ep =
+            Endpoint::from_shared(uri).map_err(|e| format!("bad peer address {addr:?}: {e}"))?;
+        if let Some(tls) = &self.tls {
+            // The material in force now: a reloaded certificate serves the next connection.
+            ep = ep
+                .tls_config(tls.client_config())
+                .map_err(|e| format!("TLS toward peer {addr:?}: {e}"))?;
+        }
+        let ep = ep
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))

@@ -17,6 +17,60 @@ use crate::state_machine::{Adapter, Snapshot};
 use crate::types::{Raft, SnapshotMeta, TypeConfig, Vote};
 use openraft::raft::AppendEntriesRequest;
 
+/// Admits a peer RPC only from a caller whose verified TLS certificate names a member of this
+/// node's cluster and group (with TLS on): a stranger without a certificate, or a node of another
+/// group, is refused before its request is read, let alone appended.
+#[derive(Clone)]
+pub struct PeerGuard {
+    cluster: String,
+    broker: String,
+    require_cert: bool,
+    last_warned: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl PeerGuard {
+    pub(crate) fn new(me: &Identity, require_cert: bool) -> Self {
+        PeerGuard {
+            cluster: me.cluster.clone(),
+            broker: me.broker.clone(),
+            require_cert,
+            last_warned: Arc::default(),
+        }
+    }
+
+    fn refuse(&self, status: Status) -> Status {
+        // At most one line per 10 s: a stranger retrying must not flood the log.
+        let mut last = self.last_warned.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            tracing::warn!("{}", status.message());
+        }
+        status
+    }
+}
+
+impl tonic::service::Interceptor for PeerGuard {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        if !self.require_cert {
+            return Ok(req);
+        }
+        let (cluster, broker) = (&self.cluster, &self.broker);
+        match req.peer_certs() {
+            None => Err(self.refuse(Status::unauthenticated(format!(
+                "raft peer RPC refused: no client certificate (a member of {cluster}/{broker} \
+                 presents its node certificate)"
+            )))),
+            Some(certs) if !raftmq_security::identity::names_member_of(&certs, cluster, broker) => {
+                Err(self.refuse(Status::permission_denied(format!(
+                    "raft peer RPC refused: the client certificate names no member of \
+                     {cluster}/{broker}"
+                ))))
+            }
+            Some(_) => Ok(req),
+        }
+    }
+}
+
 pub struct PeerServer<S: crate::StateMachine> {
     pub(crate) raft: Raft<Adapter<S>>,
     pub(crate) me: Identity,

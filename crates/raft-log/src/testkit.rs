@@ -93,6 +93,7 @@ impl LocalGroup {
             peer_routes: Default::default(),
             data_dir: self.dir.join(format!("n{id}")),
             raft: self.raft.clone(),
+            tls: None,
         };
         let listener = listener
             .unwrap_or_else(|| std::net::TcpListener::bind(&self.addrs[&id]).expect("rebind"));

@@ -123,6 +123,7 @@ pub fn code_of_v1(code: i32) -> Code {
         ErrorCode::IllegalDeliveryTime => Code::IllegalDeliveryTime,
         ErrorCode::NotScheduled => Code::BadRequest,
         ErrorCode::TransactionNotOpen => Code::InvalidTransactionId,
+        ErrorCode::Forbidden => Code::Forbidden,
     }
 }
 
@@ -134,6 +135,8 @@ fn code_of_transport(code: tonic::Code) -> Code {
         }
         tonic::Code::InvalidArgument => Code::BadRequest,
         tonic::Code::ResourceExhausted => Code::TooManyRequests,
+        tonic::Code::Unauthenticated => Code::Unauthorized,
+        tonic::Code::PermissionDenied => Code::Forbidden,
         _ => Code::InternalServerError,
     }
 }
@@ -166,6 +169,7 @@ mod tests {
             (ErrorCode::IllegalDeliveryTime, Code::IllegalDeliveryTime),
             (ErrorCode::NotScheduled, Code::BadRequest),
             (ErrorCode::TransactionNotOpen, Code::InvalidTransactionId),
+            (ErrorCode::Forbidden, Code::Forbidden),
         ];
         for (v1, v2) in table {
             assert_eq!(code_of_v1(v1 as i32), v2, "{}", v1.as_str_name());

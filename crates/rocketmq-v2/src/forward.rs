@@ -20,8 +20,13 @@ use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::broker_service_server::BrokerService;
 use raftmq_proto::v1::nameserver_service_client::NameserverServiceClient;
 use raftmq_proto::v1::{self, ErrorCode};
+use raftmq_security::sign::Signer;
 use tokio::time::Instant;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+
+/// A channel to another node or a nameserver whose every request this node signs (with auth on).
+pub type Conn = InterceptedService<Channel, Signer>;
 use tonic::{Request, Response, Status};
 
 use crate::codes::Error;
@@ -48,7 +53,7 @@ pub trait V1Rpc: Clone + Send + Sync + 'static {
     fn local<B: BrokerService>(b: &B, req: Request<Self>) -> BoxFuture<'_, RpcResult<Self::Reply>>;
     /// Calls another node.
     fn remote(
-        c: BrokerServiceClient<Channel>,
+        c: BrokerServiceClient<Conn>,
         req: Request<Self>,
     ) -> BoxFuture<'static, RpcResult<Self::Reply>>;
     /// The reply's error, if any.
@@ -66,7 +71,7 @@ macro_rules! v1_rpcs {
                 b.$method(req)
             }
             fn remote(
-                mut c: BrokerServiceClient<Channel>,
+                mut c: BrokerServiceClient<Conn>,
                 req: Request<Self>,
             ) -> BoxFuture<'static, RpcResult<Self::Reply>> {
                 Box::pin(async move { c.$method(req).await })
@@ -97,6 +102,13 @@ v1_rpcs! {
     TakeTransactionChecksRequest => TakeTransactionChecksResponse, take_transaction_checks;
 }
 
+/// A request to this node's own service, made by the front for a caller it has authorized.
+pub fn internal<T>(msg: T) -> Request<T> {
+    let mut r = Request::new(msg);
+    r.extensions_mut().insert(raftmq_security::Caller::Internal);
+    r
+}
+
 /// A peer its leader has not heard from for this long is left out of routes.
 pub const PEER_SILENT_MS: u64 = 2_000;
 
@@ -109,47 +121,61 @@ pub enum Target {
     Nodes(Vec<String>),
 }
 
-/// One lazily connected channel per address, shared by every call.
+/// One lazily connected channel per address, shared by every call: over TLS with this node's
+/// certificate when `tls` is set, each request signed with `signer`'s credentials.
 #[derive(Clone, Default)]
 pub struct Pool {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Mutex<HashMap<String, Conn>>>,
+    tls: Option<Arc<raftmq_security::tls::Tls>>,
+    signer: Signer,
 }
 
 impl Pool {
+    /// A pool dialling with `tls` (None: plaintext) and signing with `signer`.
+    pub fn new(tls: Option<Arc<raftmq_security::tls::Tls>>, signer: Signer) -> Self {
+        Pool {
+            channels: Arc::default(),
+            tls,
+            signer,
+        }
+    }
+
     /// The channel to `address` (`host:port`), created on first use.
-    pub fn channel(&self, address: &str) -> Result<Channel, Error> {
+    pub fn channel(&self, address: &str) -> Result<Conn, Error> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = channels.get(address) {
             return Ok(c.clone());
         }
-        let uri = if address.contains("://") {
-            address.to_string()
-        } else {
-            format!("http://{address}")
+        let uri = raftmq_security::tls::uri(address, self.tls.is_some());
+        let bad = |e: &dyn std::fmt::Display| Error::Rpc {
+            address: address.to_string(),
+            status: Status::invalid_argument(format!("invalid address: {e}")),
         };
-        let endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| Error::Rpc {
-                address: address.to_string(),
-                status: Status::invalid_argument(format!("invalid address: {e}")),
-            })?
+        let mut endpoint = Endpoint::from_shared(uri).map_err(|e| bad(&e))?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.client_config())
+                .map_err(|e| bad(&e))?;
+        }
+        let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        let channel = endpoint.connect_lazy();
+        let channel = InterceptedService::new(endpoint.connect_lazy(), self.signer.clone());
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }
 
     /// A broker client for `address`.
-    pub fn broker(&self, address: &str) -> Result<BrokerServiceClient<Channel>, Error> {
+    pub fn broker(&self, address: &str) -> Result<BrokerServiceClient<Conn>, Error> {
         Ok(BrokerServiceClient::new(self.channel(address)?)
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
             .max_encoding_message_size(MESSAGE_BYTES_MAX))
     }
 
     /// A nameserver client for `address`.
-    pub fn nameserver(&self, address: &str) -> Result<NameserverServiceClient<Channel>, Error> {
+    pub fn nameserver(&self, address: &str) -> Result<NameserverServiceClient<Conn>, Error> {
         Ok(NameserverServiceClient::new(self.channel(address)?)
             .max_decoding_message_size(MESSAGE_BYTES_MAX))
     }
@@ -173,7 +199,7 @@ impl<B: BrokerService> Forwarder<B> {
     pub async fn unreachable_peers(&self, timeout: Duration) -> Vec<String> {
         let Ok(me) = self
             .local
-            .node_status(tonic::Request::new(v1::NodeStatusRequest {}))
+            .node_status(internal(v1::NodeStatusRequest {}))
             .await
         else {
             return Vec::new();
@@ -309,7 +335,7 @@ impl<B: BrokerService> Forwarder<B> {
         timeout: Duration,
     ) -> Result<R::Reply, Error> {
         match at {
-            None => R::local(&*self.local, Request::new(req))
+            None => R::local(&*self.local, internal(req))
                 .await
                 .map(Response::into_inner)
                 .map_err(Error::Local),

@@ -85,6 +85,14 @@ pub struct FrontConfig {
     /// one v1 `Send` within them.
     pub batch_messages_max: usize,
     pub batch_bytes_max: usize,
+    /// Check each caller's rights (the node's `auth`): the node's gate puts a
+    /// `raftmq_security::Caller` into every request, and the front refuses with UNAUTHORIZED
+    /// (40100) or FORBIDDEN (40300) before it forwards anything.
+    pub auth: bool,
+    /// TLS toward other nodes and the nameservers (None: plaintext).
+    pub tls: Option<Arc<raftmq_security::tls::Tls>>,
+    /// What the front signs its calls to other nodes and the nameservers with (None: unsigned).
+    pub credentials: Option<Arc<raftmq_security::sign::Credentials>>,
 }
 
 impl FrontConfig {
@@ -99,6 +107,9 @@ impl FrontConfig {
             body_bytes_max: raftmq_proto::limits::BODY_BYTES_MAX as u64,
             batch_messages_max: raftmq_proto::limits::BATCH_MESSAGES_MAX,
             batch_bytes_max: raftmq_proto::limits::BATCH_BYTES_MAX,
+            auth: false,
+            tls: None,
+            credentials: None,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use futures::{Stream, StreamExt};
 use raftmq_proto::v1::broker_service_server::BrokerService;
 use raftmq_proto::v1::{self, ErrorCode, TopicMessageType};
+use raftmq_security::acl::{Action, Resource};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -201,7 +202,10 @@ pub fn check_type(
 impl<B: BrokerService> Front<B> {
     /// A front over this node's v1 service.
     pub fn new(local: Arc<B>, cfg: FrontConfig) -> Self {
-        let pool = Pool::default();
+        let pool = Pool::new(
+            cfg.tls.clone(),
+            raftmq_security::sign::Signer(cfg.credentials.clone()),
+        );
         let base = (rand::random::<u64>() & !(PRODUCER_LANES - 1)).max(PRODUCER_LANES);
         let front = Front {
             inner: Arc::new(Inner {
@@ -961,12 +965,49 @@ fn not_implemented(rpc: &str) -> pb::Status {
     )
 }
 
+impl<B: BrokerService> Front<B> {
+    /// The v2 status refusing this request's caller `action` on `resources` (`None` action:
+    /// authentication alone): UNAUTHORIZED (40100) without a valid signature, FORBIDDEN (40300)
+    /// when the user's rules do not allow it; None when allowed or auth is off.
+    fn denied<T>(
+        &self,
+        request: &Request<T>,
+        action: Option<Action>,
+        resources: &[Resource<'_>],
+    ) -> Option<pb::Status> {
+        if !self.inner.cfg.auth {
+            return None;
+        }
+        let caller = request.extensions().get::<raftmq_security::Caller>();
+        let outcome = match action {
+            Some(a) => raftmq_security::authorize(caller, a, resources),
+            None => raftmq_security::authenticated(caller),
+        };
+        outcome.err().map(|d| match d {
+            raftmq_security::Denied::Unauthenticated(_) => {
+                status(Code::Unauthorized, d.to_string())
+            }
+            raftmq_security::Denied::Forbidden { .. } => status(Code::Forbidden, d.to_string()),
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl<B: BrokerService> MessagingService for Front<B> {
     async fn query_route(
         &self,
         request: Request<pb::QueryRouteRequest>,
     ) -> Result<Response<pb::QueryRouteResponse>, Status> {
+        let topic_name = name(&request.get_ref().topic).to_string();
+        let refused = self
+            .denied(&request, Some(Action::Pub), &[Resource::topic(&topic_name)])
+            .and(self.denied(&request, Some(Action::Sub), &[Resource::topic(&topic_name)]));
+        if let Some(st) = refused {
+            return Ok(Response::new(pb::QueryRouteResponse {
+                status: Some(st),
+                message_queues: Vec::new(),
+            }));
+        }
         let me = &self.inner;
         let topic = request.into_inner().topic.unwrap_or_default();
         let reply = if topic.name.is_empty() {
@@ -997,6 +1038,9 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        if let Some(st) = self.denied(&request, None, &[]) {
+            return Ok(Response::new(pb::HeartbeatResponse { status: Some(st) }));
+        }
         let client = client_id(&request);
         let req = request.into_inner();
         let group = name(&req.group).to_string();
@@ -1034,6 +1078,22 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
+        let topics: Vec<String> = request
+            .get_ref()
+            .messages
+            .iter()
+            .map(|m| name(&m.topic).to_string())
+            .collect();
+        let resources: Vec<Resource<'_>> = topics.iter().map(|t| Resource::topic(t)).collect();
+        if let Some(st) = self.denied(&request, Some(Action::Pub), &resources) {
+            return Ok(Response::new(pb::SendMessageResponse {
+                status: Some(st.clone()),
+                entries: vec![pb::SendResultEntry {
+                    status: Some(st),
+                    ..Default::default()
+                }],
+            }));
+        }
         let msgs = request.into_inner().messages;
         let reply = match self.inner.send_message(&msgs).await {
             Ok(entries) => pb::SendMessageResponse {
@@ -1063,6 +1123,19 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::QueryAssignmentRequest>,
     ) -> Result<Response<pb::QueryAssignmentResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(name(&request.get_ref().topic)),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::QueryAssignmentResponse {
+                status: Some(st),
+                assignments: Vec::new(),
+            }));
+        }
         let me = &self.inner;
         let req = request.into_inner();
         let topic = req.topic.unwrap_or_default();
@@ -1091,6 +1164,18 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ReceiveMessageRequest>,
     ) -> Result<Response<Self::ReceiveMessageStream>, Status> {
+        let (topic, group) = {
+            let r = request.get_ref();
+            let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
+            (topic.to_string(), name(&r.group).to_string())
+        };
+        let resources = [Resource::topic(&topic), Resource::group(&group)];
+        if let Some(st) = self.denied(&request, Some(Action::Sub), &resources) {
+            let frame = pb::ReceiveMessageResponse {
+                content: Some(RecvContent::Status(st)),
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(frame)]))));
+        }
         let client = client_id(&request);
         let deadline = deadline(&request);
         let frames = self
@@ -1111,6 +1196,19 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::AckMessageRequest>,
     ) -> Result<Response<pb::AckMessageResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(name(&request.get_ref().topic)),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::AckMessageResponse {
+                status: Some(st),
+                ..Default::default()
+            }));
+        }
         Ok(Response::new(self.inner.ack(&request.into_inner()).await))
     }
 
@@ -1118,6 +1216,18 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ForwardMessageToDeadLetterQueueRequest>,
     ) -> Result<Response<pb::ForwardMessageToDeadLetterQueueResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(name(&request.get_ref().topic)),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::ForwardMessageToDeadLetterQueueResponse {
+                status: Some(st),
+            }));
+        }
         let req = request.into_inner();
         let dl = v1::DeadLetterRequest {
             group: name(&req.group).to_string(),
@@ -1144,6 +1254,18 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::PullMessageRequest>,
     ) -> Result<Response<Self::PullMessageStream>, Status> {
+        let (topic, group) = {
+            let r = request.get_ref();
+            let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
+            (topic.to_string(), name(&r.group).to_string())
+        };
+        let resources = [Resource::topic(&topic), Resource::group(&group)];
+        if let Some(st) = self.denied(&request, Some(Action::Sub), &resources) {
+            let frame = pb::PullMessageResponse {
+                content: Some(pb::pull_message_response::Content::Status(st)),
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(frame)]))));
+        }
         let client = client_id(&request);
         let deadline = deadline(&request);
         let frames = self
@@ -1164,6 +1286,22 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::UpdateOffsetRequest>,
     ) -> Result<Response<pb::UpdateOffsetResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(
+                    request
+                        .get_ref()
+                        .message_queue
+                        .as_ref()
+                        .map_or("", |q| name(&q.topic)),
+                ),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::UpdateOffsetResponse { status: Some(st) }));
+        }
         let req = request.into_inner();
         let mq = req.message_queue.unwrap_or_default();
         let topic = name(&mq.topic).to_string();
@@ -1194,6 +1332,25 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::GetOffsetRequest>,
     ) -> Result<Response<pb::GetOffsetResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(
+                    request
+                        .get_ref()
+                        .message_queue
+                        .as_ref()
+                        .map_or("", |q| name(&q.topic)),
+                ),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::GetOffsetResponse {
+                status: Some(st),
+                offset: 0,
+            }));
+        }
         let req = request.into_inner();
         let mq = req.message_queue.unwrap_or_default();
         let topic = name(&mq.topic).to_string();
@@ -1239,6 +1396,22 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::QueryOffsetRequest>,
     ) -> Result<Response<pb::QueryOffsetResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[Resource::topic(
+                request
+                    .get_ref()
+                    .message_queue
+                    .as_ref()
+                    .map_or("", |q| name(&q.topic)),
+            )],
+        ) {
+            return Ok(Response::new(pb::QueryOffsetResponse {
+                status: Some(st),
+                offset: 0,
+            }));
+        }
         let reply = match self.inner.query_offset(&request.into_inner()).await {
             Ok(offset) => pb::QueryOffsetResponse {
                 status: Some(ok()),
@@ -1256,6 +1429,15 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::EndTransactionRequest>,
     ) -> Result<Response<pb::EndTransactionResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Pub),
+            &[Resource::topic(name(&request.get_ref().topic))],
+        ) {
+            return Ok(Response::new(pb::EndTransactionResponse {
+                status: Some(st),
+            }));
+        }
         let req = request.into_inner();
         let topic = name(&req.topic).to_string();
         let outcome = async {
@@ -1303,6 +1485,13 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<tonic::Streaming<pb::TelemetryCommand>>,
     ) -> Result<Response<Self::TelemetryStream>, Status> {
+        if let Some(st) = self.denied(&request, None, &[]) {
+            let frame = pb::TelemetryCommand {
+                status: Some(st),
+                command: None,
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(frame)]))));
+        }
         let client = client_id(&request);
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(16);
@@ -1358,6 +1547,11 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::NotifyClientTerminationRequest>,
     ) -> Result<Response<pb::NotifyClientTerminationResponse>, Status> {
+        if let Some(st) = self.denied(&request, None, &[]) {
+            return Ok(Response::new(pb::NotifyClientTerminationResponse {
+                status: Some(st),
+            }));
+        }
         let client = client_id(&request);
         let group = name(&request.get_ref().group).to_string();
         lock(&self.inner.clients).remove(&client);
@@ -1382,6 +1576,19 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ChangeInvisibleDurationRequest>,
     ) -> Result<Response<pb::ChangeInvisibleDurationResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Sub),
+            &[
+                Resource::topic(name(&request.get_ref().topic)),
+                Resource::group(name(&request.get_ref().group)),
+            ],
+        ) {
+            return Ok(Response::new(pb::ChangeInvisibleDurationResponse {
+                status: Some(st),
+                receipt_handle: String::new(),
+            }));
+        }
         let req = request.into_inner();
         let outcome = async {
             let Some(d) = req.invisible_duration.as_ref() else {
@@ -1420,6 +1627,22 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::RecallMessageRequest>,
     ) -> Result<Response<pb::RecallMessageResponse>, Status> {
+        if let Some(st) = self.denied(
+            &request,
+            Some(Action::Pub),
+            &[Resource::topic(
+                request
+                    .get_ref()
+                    .topic
+                    .as_ref()
+                    .map_or("", |t| t.name.as_str()),
+            )],
+        ) {
+            return Ok(Response::new(pb::RecallMessageResponse {
+                status: Some(st),
+                message_id: String::new(),
+            }));
+        }
         let req = request.into_inner();
         let topic = req
             .topic

@@ -250,7 +250,40 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "12066f726465727301b5ba97ffbc31e0a499ffbc3158000101000174017800",
         ),
+        (
+            Command::PutUser {
+                access_key: "alice".into(),
+                secret: "s3cret-key".into(),
+                admin: false,
+                create: true,
+            },
+            "1305616c6963650a7333637265742d6b65790001",
+        ),
+        (
+            Command::DeleteUser {
+                access_key: "alice".into(),
+            },
+            "1405616c696365",
+        ),
+        (
+            Command::ChangeRule {
+                access_key: "alice".into(),
+                rule: rule(),
+                revoke: false,
+            },
+            "1505616c696365010200010300076f72646572732d00",
+        ),
     ]
+}
+
+/// A rule of every part: an effect, two actions, a prefix pattern.
+fn rule() -> raftmq_security::acl::Rule {
+    raftmq_security::acl::Rule::parse(
+        raftmq_security::acl::Effect::Deny,
+        "Pub,Sub",
+        "topic:orders-*",
+    )
+    .unwrap()
 }
 
 /// Every reply variant, in tag order, with its frozen encoding.
@@ -557,17 +590,49 @@ fn state_v4() -> BrokerState {
     st
 }
 
+/// [`state_v4`] plus a user with a rule: version 5's field.
+fn state_v5() -> BrokerState {
+    let mut st = state_v4();
+    let put = Command::PutUser {
+        access_key: "alice".into(),
+        secret: "s3cret-key".into(),
+        admin: false,
+        create: true,
+    };
+    st.apply(14, 1, &put.encode());
+    let grant = Command::ChangeRule {
+        access_key: "alice".into(),
+        rule: rule(),
+        revoke: false,
+    };
+    st.apply(15, 1, &grant.encode());
+    st
+}
+
+const STATE_V5_GOLDEN: &str = "ffffffffffffffffffff0500000002046669666f010000066f726465727304000000030000000101026731066f72646572730102012a0b0207010003020a0300010b0f03040101046669666f01d00f0202673103000002676600000102026731066f726465727301010100dc0b0107026766066f72646572730301010080fa01010d000001af9af493fff1aff19793edaeb096deff9028030001026766066f72646572730301effdb6f50d00000105616c69636505616c6963650a7333637265742d6b65790001010200010300076f72646572732d";
+
+#[test]
+fn a_broker_state_snapshot_v5_encodes_to_its_golden_bytes_and_back() {
+    let snap = state_v5().snapshot();
+    println!("state\n  {}", hex(&snap));
+    assert_eq!(hex(&snap), STATE_V5_GOLDEN);
+    let mut back = BrokerState::default();
+    back.restore(&unhex(STATE_V5_GOLDEN)).unwrap();
+    back.topic_version -= 1;
+    assert_eq!(back.snapshot(), snap);
+    let alice = &back.users["alice"];
+    assert_eq!((alice.secret.as_str(), alice.admin), ("s3cret-key", false));
+    assert_eq!(alice.rules, vec![rule()]);
+}
+
 const STATE_V4_GOLDEN: &str = "ffffffffffffffffffff0400000002046669666f010000066f726465727304000000030000000101026731066f72646572730102012a0b0207010003020a0300010b0d03040101046669666f01d00f0202673103000002676600000102026731066f726465727301010100dc0b0107026766066f72646572730301010080fa01010d000001af9af493fff1aff19793edaeb096deff9028030001026766066f72646572730301effdb6f50d0000";
 
 #[test]
-fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
-    let snap = state_v4().snapshot();
-    println!("state\n  {}", hex(&snap));
-    assert_eq!(hex(&snap), STATE_V4_GOLDEN);
+fn a_version_4_broker_state_snapshot_still_restores() {
     let mut back = BrokerState::default();
     back.restore(&unhex(STATE_V4_GOLDEN)).unwrap();
     back.topic_version -= 1;
-    assert_eq!(back.snapshot(), snap);
+    assert_eq!(back.snapshot(), state_v4().snapshot());
     assert_eq!(back.topic_type("fifo"), 1);
     let pq = &back.pop.queues[&("g1".into(), "orders".into(), 1)];
     assert_eq!((pq.next, pq.inflight[&0].deadline_ms), (1, 1500));
@@ -578,6 +643,7 @@ fn a_broker_state_snapshot_encodes_to_its_golden_bytes_and_back() {
         back.pop.queues[&key].next, 1,
         "the cursor passed the message handed out"
     );
+    assert!(back.users.is_empty());
 }
 
 #[test]
@@ -599,8 +665,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 19, which this broker-node does not know (command \
-         format version 1 has tags 0..19): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 22, which this broker-node does not know (command \
+         format version 1 has tags 0..22): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.
@@ -625,14 +691,14 @@ fn a_command_in_a_newer_envelope_stops_apply() {
 
 #[test]
 fn a_broker_state_snapshot_of_a_newer_format_is_refused() {
-    let snap = format::envelope(5, &state().snapshot());
+    let snap = format::envelope(6, &state().snapshot());
     let mut st = BrokerState::default();
     let e = st.restore(&snap).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "the broker-state snapshot was written by format version 5; this broker-node reads up to \
-         version 4: upgrade the binary"
+        "the broker-state snapshot was written by format version 6; this broker-node reads up to \
+         version 5: upgrade the binary"
     );
     assert!(st.topics.is_empty());
 }

@@ -18,6 +18,8 @@ use raftmq_proto::v1::{
     ResetOffsetResponse, SendRequest, SendResponse, TakeTransactionChecksRequest,
     TakeTransactionChecksResponse, TopicConfig,
 };
+use raftmq_security::acl::Action::{Create, Update};
+use raftmq_security::acl::Resource;
 use tonic::{Request, Response, Status};
 
 use super::{Broker, grpc_timeout};
@@ -29,6 +31,13 @@ use crate::node::SESSION_TIMEOUT;
 #[tonic::async_trait]
 impl BrokerService for Broker {
     async fn send(&self, req: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            SendResponse,
+            Pub,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         let caller_timeout = grpc_timeout(req.metadata());
         let reply = self
             .send_batch(req.into_inner(), caller_timeout)
@@ -41,6 +50,13 @@ impl BrokerService for Broker {
     }
 
     async fn pull(&self, req: Request<PullRequest>) -> Result<Response<PullResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            PullResponse,
+            Sub,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         let req = req.into_inner();
         let me = NodeRef {
             node_id: self.node.cfg.node_id,
@@ -71,6 +87,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<CommitOffsetRequest>,
     ) -> Result<Response<CommitOffsetResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            CommitOffsetResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let req = req.into_inner();
         let outcome = async {
             check_name("group", &req.group).map_err(Error::invalid)?;
@@ -93,6 +119,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<FetchOffsetRequest>,
     ) -> Result<Response<FetchOffsetResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            FetchOffsetResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let req = req.into_inner();
         if let Err(err) = self.check_topic(&req.topic, req.queue) {
             return Ok(Response::new(FetchOffsetResponse {
@@ -113,6 +149,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<CreateTopicRequest>,
     ) -> Result<Response<CreateTopicResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            CreateTopicResponse,
+            Create,
+            [Resource::topic(&req.get_ref().name)]
+        );
         let req = req.into_inner();
         let outcome = async {
             check_name("topic", &req.name).map_err(Error::invalid)?;
@@ -175,6 +218,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<DeleteTopicRequest>,
     ) -> Result<Response<DeleteTopicResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            DeleteTopicResponse,
+            Delete,
+            [Resource::topic(&req.get_ref().name)]
+        );
         let req = req.into_inner();
         let outcome = async {
             check_name("topic", &req.name).map_err(Error::invalid)?;
@@ -189,8 +239,9 @@ impl BrokerService for Broker {
 
     async fn list_topics(
         &self,
-        _req: Request<ListTopicsRequest>,
+        req: Request<ListTopicsRequest>,
     ) -> Result<Response<ListTopicsResponse>, Status> {
+        authorize!(self, req, ListTopicsResponse, List, [Resource::cluster()]);
         let st = self.node.state();
         let topics = st
             .topic_list()
@@ -209,8 +260,19 @@ impl BrokerService for Broker {
 
     async fn node_status(
         &self,
-        _req: Request<NodeStatusRequest>,
+        req: Request<NodeStatusRequest>,
     ) -> Result<Response<NodeStatusResponse>, Status> {
+        // The reply has no error field: a refusal is the gRPC status.
+        crate::auth::authorize_ext(
+            &self.node.cfg,
+            req.extensions(),
+            raftmq_security::acl::Action::Get,
+            &[Resource::cluster()],
+        )
+        .map_err(|r| match r {
+            Refused::Forbidden { .. } => Status::permission_denied(r.to_string()),
+            _ => Status::unauthenticated(r.to_string()),
+        })?;
         Ok(Response::new(self.status_response()))
     }
 
@@ -218,6 +280,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            HeartbeatResponse,
+            Sub,
+            [Resource::group(&req.get_ref().group)]
+        );
         let req = req.into_inner();
         let outcome = (|| {
             check_name("group", &req.group).map_err(Error::invalid)?;
@@ -246,6 +315,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<LeaveGroupRequest>,
     ) -> Result<Response<LeaveGroupResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            LeaveGroupResponse,
+            Sub,
+            [Resource::group(&req.get_ref().group)]
+        );
         let req = req.into_inner();
         if let Err(err) = self.require_leader() {
             return Ok(Response::new(LeaveGroupResponse {
@@ -260,6 +336,20 @@ impl BrokerService for Broker {
         &self,
         req: Request<CreateGroupRequest>,
     ) -> Result<Response<CreateGroupResponse>, Status> {
+        let name = req
+            .get_ref()
+            .group
+            .as_ref()
+            .map(|g| g.name.clone())
+            .unwrap_or_default();
+        let action = if req.get_ref().update { Update } else { Create };
+        authorize_action!(
+            self,
+            req,
+            CreateGroupResponse,
+            action,
+            [Resource::group(&name)]
+        );
         let req = req.into_inner();
         let outcome = match req.group {
             Some(g) => self.upsert_group(g, req.update).await,
@@ -281,6 +371,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<DeleteGroupRequest>,
     ) -> Result<Response<DeleteGroupResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            DeleteGroupResponse,
+            Delete,
+            [Resource::group(&req.get_ref().name)]
+        );
         let outcome = self.delete_group(req.into_inner().name).await;
         Ok(Response::new(DeleteGroupResponse {
             error: reply_field(outcome),
@@ -289,8 +386,9 @@ impl BrokerService for Broker {
 
     async fn list_groups(
         &self,
-        _req: Request<ListGroupsRequest>,
+        req: Request<ListGroupsRequest>,
     ) -> Result<Response<ListGroupsResponse>, Status> {
+        authorize!(self, req, ListGroupsResponse, List, [Resource::cluster()]);
         Ok(Response::new(ListGroupsResponse {
             error: None,
             groups: self.group_list(),
@@ -298,6 +396,16 @@ impl BrokerService for Broker {
     }
 
     async fn pop(&self, req: Request<PopRequest>) -> Result<Response<PopResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            PopResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let caller_timeout = grpc_timeout(req.metadata());
         let reply = self
             .pop_messages(req.into_inner(), caller_timeout)
@@ -313,6 +421,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<PopAckRequest>,
     ) -> Result<Response<PopAckResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            PopAckResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let reply = self
             .pop_ack(req.into_inner())
             .await
@@ -327,6 +445,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<ChangeInvisibleRequest>,
     ) -> Result<Response<ChangeInvisibleResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            ChangeInvisibleResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let reply = Broker::change_invisible(self, req.into_inner())
             .await
             .unwrap_or_else(|err| ChangeInvisibleResponse {
@@ -340,6 +468,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<DeadLetterRequest>,
     ) -> Result<Response<DeadLetterResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            DeadLetterResponse,
+            Sub,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let outcome = self.dead_letter_now(req.into_inner()).await;
         Ok(Response::new(DeadLetterResponse {
             error: reply_field(outcome),
@@ -350,6 +488,16 @@ impl BrokerService for Broker {
         &self,
         req: Request<ResetOffsetRequest>,
     ) -> Result<Response<ResetOffsetResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            ResetOffsetResponse,
+            Update,
+            [
+                Resource::topic(&req.get_ref().topic),
+                Resource::group(&req.get_ref().group)
+            ]
+        );
         let req = req.into_inner();
         let outcome = async {
             check_name("group", &req.group).map_err(Error::invalid)?;
@@ -393,6 +541,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<RecallRequest>,
     ) -> Result<Response<RecallResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            RecallResponse,
+            Pub,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         let req = req.into_inner();
         let outcome = async {
             check_name("topic", &req.topic).map_err(Error::invalid)?;
@@ -414,6 +569,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<EndTransactionRequest>,
     ) -> Result<Response<EndTransactionResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            EndTransactionResponse,
+            Pub,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         Ok(Response::new(
             Broker::end_transaction(self, req.into_inner())
                 .await
@@ -428,6 +590,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<ListTransactionsRequest>,
     ) -> Result<Response<ListTransactionsResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            ListTransactionsResponse,
+            Get,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         Ok(Response::new(
             Broker::list_transactions(self, req.into_inner())
                 .await
@@ -442,6 +611,13 @@ impl BrokerService for Broker {
         &self,
         req: Request<TakeTransactionChecksRequest>,
     ) -> Result<Response<TakeTransactionChecksResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            TakeTransactionChecksResponse,
+            Pub,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         Ok(Response::new(
             Broker::take_transaction_checks(self, req.into_inner())
                 .await

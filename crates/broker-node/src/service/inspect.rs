@@ -12,6 +12,7 @@ use raftmq_proto::v1::{
     GroupStatusResponse, QueueStats, StoredMessage, TopicStatusRequest, TopicStatusResponse,
     find_messages_request::By,
 };
+use raftmq_security::acl::Resource;
 use tonic::{Request, Response, Status};
 
 use super::{Broker, wall_ms};
@@ -30,6 +31,13 @@ impl InspectService for Broker {
         &self,
         req: Request<TopicStatusRequest>,
     ) -> Result<Response<TopicStatusResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            TopicStatusResponse,
+            Get,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         let reply = self
             .topic_stats(req.get_ref().topic.as_str(), req.get_ref().at_ms)
             .unwrap_or_else(|err| TopicStatusResponse {
@@ -43,6 +51,16 @@ impl InspectService for Broker {
         &self,
         req: Request<GroupStatusRequest>,
     ) -> Result<Response<GroupStatusResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            GroupStatusResponse,
+            Get,
+            [
+                Resource::group(&req.get_ref().group),
+                Resource::topic(&req.get_ref().topic)
+            ]
+        );
         let req = req.into_inner();
         let reply = self
             .group_progress(&req.group, &req.topic)
@@ -57,6 +75,13 @@ impl InspectService for Broker {
         &self,
         req: Request<FindMessagesRequest>,
     ) -> Result<Response<FindMessagesResponse>, Status> {
+        authorize!(
+            self,
+            req,
+            FindMessagesResponse,
+            Get,
+            [Resource::topic(&req.get_ref().topic)]
+        );
         let reply = self
             .find(req.into_inner())
             .unwrap_or_else(|err| FindMessagesResponse {

@@ -13,6 +13,45 @@
 //! [`crate::error::Error`], and [`crate::error::Error::to_proto`] is the one place that maps it to
 //! the wire. This module holds what the handlers share: the leader checks and proposals.
 
+/// Authorizes a handler's request before it does anything: on a refusal the handler answers
+/// `$reply` with the refusal in its `error` field (UNAUTHENTICATED or FORBIDDEN) and the rest
+/// default. `$res` are `raftmq_security::acl::Resource`s.
+macro_rules! authorize {
+    ($self:ident, $req:expr, $reply:ident, $action:ident, [$($res:expr),* $(,)?]) => {
+        if let Err(refused) = crate::auth::authorize_ext(
+            &$self.node.cfg,
+            $req.extensions(),
+            raftmq_security::acl::Action::$action,
+            &[$($res),*],
+        ) {
+            // Some replies hold nothing but `error`.
+            #[allow(clippy::needless_update)]
+            let reply = $reply {
+                error: Some(crate::error::Error::from(refused).into()),
+                ..Default::default()
+            };
+            return Ok(tonic::Response::new(reply));
+        }
+    };
+}
+
+/// [`authorize!`] with the action as a value (`raftmq_security::acl::Action`).
+macro_rules! authorize_action {
+    ($self:ident, $req:expr, $reply:ident, $action:expr, [$($res:expr),* $(,)?]) => {
+        if let Err(refused) =
+            crate::auth::authorize_ext(&$self.node.cfg, $req.extensions(), $action, &[$($res),*])
+        {
+            // Some replies hold nothing but `error`.
+            #[allow(clippy::needless_update)]
+            let reply = $reply {
+                error: Some(crate::error::Error::from(refused).into()),
+                ..Default::default()
+            };
+            return Ok(tonic::Response::new(reply));
+        }
+    };
+}
+
 mod admin;
 mod broker;
 pub mod inspect;
@@ -22,6 +61,7 @@ pub mod schedule;
 pub mod send;
 mod status;
 pub mod txn;
+pub mod users;
 
 use std::sync::Arc;
 use std::time::Duration;

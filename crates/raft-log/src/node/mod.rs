@@ -50,6 +50,10 @@ pub struct MemberConfig {
     pub peer_routes: BTreeMap<u64, String>,
     pub data_dir: PathBuf,
     pub raft: RaftConfig,
+    /// TLS for the peer network: peers are dialled over TLS presenting this node's certificate,
+    /// and the peer service admits only a caller whose certificate names a member of this
+    /// cluster and group. None: plaintext, no certificate check.
+    pub tls: Option<Arc<raftmq_security::tls::Tls>>,
 }
 
 /// A running member.
@@ -63,6 +67,8 @@ pub struct Member<S: StateMachine> {
     /// The commit index the leader last sent (index + 1; 0 = none yet).
     leader_commit: Arc<AtomicU64>,
     started: Instant,
+    /// Whether the peer service requires a member's certificate (TLS on).
+    tls: bool,
     election_timeout_max: Duration,
     status_rx: watch::Receiver<Status>,
     leadership_rx: watch::Receiver<(Role, u64)>,
@@ -121,6 +127,7 @@ impl<S: StateMachine> Member<S> {
             me.clone(),
             cfg.peer_routes.clone(),
             cfg.raft.pipeline_appends,
+            cfg.tls.clone(),
         );
         let links = net.links();
         let raft = Raft::new(cfg.node_id, oc, net, store.clone(), adapter)
@@ -194,6 +201,7 @@ impl<S: StateMachine> Member<S> {
             last_append_ms,
             leader_commit,
             started,
+            tls: cfg.tls.is_some(),
             election_timeout_max: Duration::from_millis(cfg.raft.election_timeout_ms_max),
             status_rx,
             leadership_rx,
@@ -213,8 +221,13 @@ impl<S: StateMachine> Member<S> {
     }
 
     /// The gRPC service peers call; serve it on the member's port.
-    pub fn peer_service(&self) -> RaftPeerServiceServer<PeerServer<S>> {
-        RaftPeerServiceServer::new(PeerServer {
+    pub fn peer_service(
+        &self,
+    ) -> tonic::service::interceptor::InterceptedService<
+        RaftPeerServiceServer<PeerServer<S>>,
+        crate::server::PeerGuard,
+    > {
+        let server = RaftPeerServiceServer::new(PeerServer {
             raft: self.raft.clone(),
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
@@ -223,7 +236,11 @@ impl<S: StateMachine> Member<S> {
             log: self.reader.clone(),
         })
         .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20);
+        tonic::service::interceptor::InterceptedService::new(
+            server,
+            crate::server::PeerGuard::new(&self.me, self.tls),
+        )
     }
 
     /// Proposes one entry; returns its log index and the state machine's reply once it is committed

@@ -18,6 +18,7 @@ pub mod biglog;
 pub mod history;
 pub mod proxy;
 pub mod rocketmq5;
+pub mod secure;
 
 /// The directory holding this workspace's binaries (target/debug or target/release).
 pub fn bin_dir() -> PathBuf {
@@ -75,6 +76,9 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     /// The fault proxy every node's Raft traffic goes through, when started with one.
     pub proxy: Option<proxy::FaultProxy>,
+    /// TLS and the admin's credentials, for a cluster started with them on
+    /// ([`Cluster::start_secure`]): the harness's own calls (status, leader search) use them.
+    pub secure: Option<secure::Secure>,
 }
 
 impl std::ops::Deref for Cluster {
@@ -140,7 +144,12 @@ impl Cluster {
             proxy = Some(p);
         }
         local.launch().unwrap_or_else(|e| panic!("{e:#}"));
-        let c = Cluster { local, dir, proxy };
+        let c = Cluster {
+            local,
+            dir,
+            proxy,
+            secure: None,
+        };
         c.leader().await;
         c
     }
@@ -192,14 +201,22 @@ impl Cluster {
         if !self.is_up(id) {
             return None;
         }
-        let ch =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.nodes[&id].addr))
-                .ok()?
-                .connect_timeout(Duration::from_millis(300))
-                .timeout(Duration::from_millis(500))
-                .connect()
+        let addr = &self.nodes[&id].addr;
+        if let Some(s) = &self.secure {
+            return s
+                .client(addr, Some(&s.admin))
+                .node_status(NodeStatusRequest {})
                 .await
-                .ok()?;
+                .ok()
+                .map(|r| r.into_inner());
+        }
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(Duration::from_millis(300))
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .ok()?;
         BrokerServiceClient::new(ch)
             .node_status(NodeStatusRequest {})
             .await

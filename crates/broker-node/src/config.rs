@@ -150,10 +150,17 @@ impl Default for RocketMq {
     }
 }
 
-/// A secret from the config: `{:?}` and serialization for display never show it.
-#[derive(Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// A secret from the config: read from the file like a string, but `{:?}` and serialization (the
+/// config as node status shows it) never show it.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(pub String);
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(if self.0.is_empty() { "" } else { "<hidden>" })
+    }
+}
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -725,6 +732,33 @@ mod tests {
                 .to_string()
                 .contains("raft.election_timeout_ms_max")
         );
+    }
+
+    #[test]
+    fn security_keys_are_checked_and_the_secret_never_shows() {
+        let mut c = Config {
+            node_id: 1,
+            ..Config::default()
+        };
+        c.tls_ca = Some("ca.pem".into());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("`tls_ca`") && e.contains("together"), "{e}");
+        c.tls_cert = Some("n.pem".into());
+        c.tls_key = Some("n.key".into());
+        assert!(c.validate().is_ok());
+        c.auth = true;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("`admin_secret_key`"), "{e}");
+        c.admin_secret_key = Secret("a-long-secret".into());
+        assert!(c.validate().is_ok());
+        assert!(!format!("{c:?}").contains("a-long-secret"));
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            !json.contains("a-long-secret") && json.contains("<hidden>"),
+            "{json}"
+        );
+        let back: Config = toml::from_str("admin_secret_key = \"from-a-file\"").unwrap();
+        assert_eq!(back.admin_secret_key.0, "from-a-file");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The command line, as DESIGN.md's "Command line" contract states it. Parsing only.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use raftmq_proto::v1::TopicMessageType;
 
@@ -28,8 +30,58 @@ pub struct Cli {
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
 
+    #[command(flatten)]
+    pub security: SecurityArgs,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How commands reach a cluster that has TLS or authentication on (global options). They apply
+/// to every command that talks to an existing cluster; commands that start their own local
+/// cluster (`--local`, `demo`, `playground`) talk to it in plaintext.
+#[derive(Clone, Default, Args)]
+pub struct SecurityArgs {
+    /// TLS: connect over TLS only, trusting the CA certificates in this PEM bundle
+    /// (`raftmq cert init` writes one: ca.pem).
+    #[arg(long, env = "RAFTMQ_TLS_CA", value_name = "FILE", global = true)]
+    pub tls_ca: Option<PathBuf>,
+
+    /// TLS: present this client certificate (PEM; with --tls-key and --tls-ca).
+    #[arg(long, env = "RAFTMQ_TLS_CERT", value_name = "FILE", global = true)]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS: the private key of --tls-cert (PEM).
+    #[arg(long, env = "RAFTMQ_TLS_KEY", value_name = "FILE", global = true)]
+    pub tls_key: Option<PathBuf>,
+
+    /// Sign every request as this user (with --secret-key).
+    #[arg(long, env = "RAFTMQ_ACCESS_KEY", value_name = "AK", global = true)]
+    pub access_key: Option<String>,
+
+    /// The secret of --access-key. Prefer the environment variable: a command line is visible
+    /// to other users of the machine.
+    #[arg(
+        long,
+        env = "RAFTMQ_SECRET_KEY",
+        value_name = "SK",
+        global = true,
+        hide_env_values = true
+    )]
+    pub secret_key: Option<String>,
+}
+
+/// Never shows the secret key, only whether one was given.
+impl std::fmt::Debug for SecurityArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecurityArgs")
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &self.secret_key.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,6 +121,10 @@ pub enum Command {
     /// Transactions of TRANSACTION topics: list the open ones, commit or roll one back.
     #[command(subcommand)]
     Txn(TxnCmd),
+    /// Development certificates for TLS: a CA, one certificate per node, the nameserver's and a
+    /// client's.
+    #[command(subcommand)]
+    Cert(CertCmd),
     /// Runs a nameserver in this process (used by local clusters).
     #[command(hide = true)]
     RunNameserver(PassThrough),
@@ -143,6 +199,60 @@ pub enum TxnCmd {
         #[arg(long)]
         id: String,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertCmd {
+    /// Write a development CA (kept and reused when DIR already has one) and certificates
+    /// issued by it: `<group>-<id>.pem/.key` per node, `nameserver.pem/.key`, `client.pem/.key`.
+    Init(CertInitArgs),
+}
+
+/// `cert init` flags.
+#[derive(Debug, Args)]
+pub struct CertInitArgs {
+    /// Directory to write into (created when missing).
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// The cluster's name, in every node certificate's identity.
+    #[arg(long, default_value = "DefaultCluster")]
+    pub cluster: String,
+    /// A broker group and its node ids, like `broker-a=1,2,3`; repeat for more groups
+    /// (default: broker-a=1,2,3).
+    #[arg(long = "group", value_name = "NAME=IDS", value_parser = parse_cert_group)]
+    pub groups: Vec<(String, Vec<u64>)>,
+    /// A host name or IP address that clients and peers dial, served by every node and
+    /// nameserver certificate; repeat for more (default: localhost and 127.0.0.1). Each node's
+    /// certificate also serves its own name `<group>-<id>`.
+    #[arg(long = "host", value_name = "NAME_OR_IP")]
+    pub hosts: Vec<String>,
+}
+
+/// `broker-a=1,2,3`: a broker group's name and its node ids (distinct, from 1). Clap names the
+/// value in its error, so the message does not repeat it.
+pub fn parse_cert_group(text: &str) -> Result<(String, Vec<u64>), String> {
+    let (name, ids) = text
+        .split_once('=')
+        .ok_or("expected a broker group and its node ids, like broker-a=1,2,3")?;
+    let name = name.trim();
+    raftmq_client::admin::check_name("broker group", name).map_err(|e| match e {
+        raftmq_client::Error::InvalidArgument(m) => m,
+        other => other.to_string(),
+    })?;
+    let mut out: Vec<u64> = Vec::new();
+    for id in ids.split(',').map(str::trim) {
+        let n: u64 = id
+            .parse()
+            .map_err(|_| format!("node id {id:?} is not a whole number (like broker-a=1,2,3)"))?;
+        if n == 0 {
+            return Err("node ids start at 1".into());
+        }
+        if out.contains(&n) {
+            return Err(format!("node id {n} is listed twice"));
+        }
+        out.push(n);
+    }
+    Ok((name.to_string(), out))
 }
 
 #[derive(Debug, Subcommand)]
@@ -758,6 +868,104 @@ mod tests {
             parse(&["group", "delete", "g1"]).command,
             Command::Group(GroupCmd::Delete { ref name }) if name == "g1"
         ));
+    }
+
+    #[test]
+    fn security_options_are_global_and_the_secret_is_never_shown() {
+        let c = parse(&[
+            "topic",
+            "list",
+            "--tls-ca",
+            "certs/ca.pem",
+            "--tls-cert",
+            "certs/client.pem",
+            "--tls-key",
+            "certs/client.key",
+            "--access-key",
+            "ak1",
+            "--secret-key",
+            "s3cr3t-value",
+        ]);
+        assert_eq!(c.security.tls_ca, Some(PathBuf::from("certs/ca.pem")));
+        assert_eq!(c.security.tls_key, Some(PathBuf::from("certs/client.key")));
+        assert_eq!(c.security.access_key.as_deref(), Some("ak1"));
+        assert_eq!(c.security.secret_key.as_deref(), Some("s3cr3t-value"));
+        let debug = format!("{c:?}");
+        assert!(
+            debug.contains("ak1") && debug.contains("<hidden>"),
+            "{debug}"
+        );
+        assert!(!debug.contains("s3cr3t-value"), "{debug}");
+        // Before the subcommand too.
+        let c = parse(&["--tls-ca", "ca.pem", "cluster", "status"]);
+        assert_eq!(c.security.tls_ca, Some(PathBuf::from("ca.pem")));
+        // The help never prints the secret's environment value.
+        let cmd = Cli::command();
+        let secret = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "secret_key")
+            .expect("--secret-key");
+        assert!(secret.is_hide_env_values_set());
+        // A clap error about the option names it, not its value.
+        let e = Cli::try_parse_from(["raftmq", "--secret-key", "s3cr3t-value", "nope"])
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("s3cr3t-value"), "{e}");
+    }
+
+    #[test]
+    fn server_flags_pass_through_even_where_they_share_a_client_name() {
+        let server = [
+            "--listen",
+            "127.0.0.1:1",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "n.pem",
+            "--tls-key",
+            "n.key",
+            "--json",
+            "--access-key",
+            "a",
+            "--secret-key",
+            "s",
+        ];
+        for sub in ["run-nameserver", "run-broker-node"] {
+            let c = parse(&[&[sub][..], &server[..]].concat());
+            match c.command {
+                Command::RunNameserver(p) | Command::RunBrokerNode(p) => {
+                    assert_eq!(p.args, server, "{sub}")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(c.security.tls_ca.is_none() && !c.json, "{sub}");
+        }
+    }
+
+    #[test]
+    fn cert_init_parses() {
+        let c = parse(&[
+            "cert",
+            "init",
+            "--dir",
+            "certs",
+            "--group",
+            "broker-a=1,2",
+            "--host",
+            "mq",
+            "--json",
+        ]);
+        match c.command {
+            Command::Cert(CertCmd::Init(a)) => {
+                assert_eq!(a.dir, PathBuf::from("certs"));
+                assert_eq!(a.groups, vec![("broker-a".to_string(), vec![1, 2])]);
+                assert_eq!(a.hosts, vec!["mq"]);
+                assert_eq!(a.cluster, "DefaultCluster");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(c.json);
+        assert!(Cli::try_parse_from(["raftmq", "cert", "init"]).is_err());
     }
 
     #[test]

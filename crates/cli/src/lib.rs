@@ -2,10 +2,12 @@
 //!
 //! Crate map:
 //! - [`args`]: the clap definition of every command and flag (DESIGN.md "Command line").
+//! - [`connect`]: the cluster a command talks to ([`connect::Target`]): nameservers, TLS and
+//!   request signing from the global options, applied to every client a command makes.
 //! - [`commands`]: one module per command family — `cluster`, `topic` (with `topic status`),
 //!   `group` (with `group status|reset`), `msg` (`msg get|find`), `produce`, `consume`,
 //!   `admin_ops` (leader transfer, node add/remove), `node_status`, `console` (the web page),
-//!   `bench`, `demo`, `playground`.
+//!   `bench`, `demo`, `playground`, `cert` (`cert init`: development certificates).
 //! - [`output`]: the JSON shapes scripts rely on, and plain tables.
 //! - [`stats`]: percentiles and throughput for the benchmarks.
 //! - [`load`]: background senders and the read-back loss check (demo, failover bench).
@@ -21,6 +23,7 @@
 
 pub mod args;
 pub mod commands;
+pub mod connect;
 pub mod load;
 pub mod local_cluster;
 pub mod output;
@@ -34,27 +37,38 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::args::{Cli, ClusterCmd, Command};
+use crate::connect::Target;
 
 /// Runs one parsed command line to completion.
 pub async fn run(cli: Cli) -> Result<()> {
-    let ns = cli.nameserver.as_str();
-    let json = cli.json;
-    match cli.command {
+    let Cli {
+        nameserver,
+        json,
+        security,
+        command,
+        ..
+    } = cli;
+    // The cluster of --nameserver, reached with the security options: built only by commands
+    // that talk to it (a missing TLS file does not refuse `cert init` or `demo`).
+    let target = || Target::new(&nameserver, &security);
+    match command {
         Command::Cluster(ClusterCmd::Status { watch }) => {
-            commands::cluster::status(ns, json, watch).await
+            commands::cluster::status(&target()?, json, watch).await
         }
-        Command::Topic(cmd) => commands::topic::run(ns, json, cmd).await,
-        Command::Group(cmd) => commands::group::run(ns, json, cmd).await,
-        Command::Produce(a) => commands::produce::run(ns, json, a).await,
-        Command::Consume(a) => commands::consume::run(ns, json, a).await,
-        Command::Leader(cmd) => commands::admin_ops::leader(ns, json, cmd).await,
-        Command::Node(cmd) => commands::admin_ops::node(ns, json, cmd).await,
-        Command::Bench(cmd) => commands::bench::run(ns, json, cmd).await,
+        Command::Topic(cmd) => commands::topic::run(&target()?, json, cmd).await,
+        Command::Group(cmd) => commands::group::run(&target()?, json, cmd).await,
+        Command::Produce(a) => commands::produce::run(&target()?, json, a).await,
+        Command::Consume(a) => commands::consume::run(&target()?, json, a).await,
+        Command::Leader(cmd) => commands::admin_ops::leader(&target()?, json, cmd).await,
+        Command::Node(cmd) => commands::admin_ops::node(&target()?, json, cmd).await,
+        // Each bench decides: its own local cluster (plaintext) or --nameserver's.
+        Command::Bench(cmd) => commands::bench::run(&target, json, cmd).await,
         Command::Demo(a) => commands::demo::run(a).await,
         Command::Playground(a) => commands::playground::run(a).await,
-        Command::Msg(cmd) => commands::msg::run(ns, json, cmd).await,
-        Command::Console(a) => commands::console::run(ns, a).await,
-        Command::Txn(cmd) => commands::txn::run(ns, json, cmd).await,
+        Command::Msg(cmd) => commands::msg::run(&target()?, json, cmd).await,
+        Command::Console(a) => commands::console::run(&target()?, a).await,
+        Command::Txn(cmd) => commands::txn::run(&target()?, json, cmd).await,
+        Command::Cert(cmd) => commands::cert::run(json, cmd),
         Command::RunNameserver(a) => servers::run_nameserver(a.args).await,
         Command::RunBrokerNode(a) => servers::run_broker_node(a.args).await,
     }

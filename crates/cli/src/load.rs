@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use raftmq_client::{Consumer, Message, Producer, StartFrom};
+use raftmq_client::{Message, Producer, StartFrom};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::connect::Target;
 
 #[derive(Debug, Clone)]
 pub struct Ack {
@@ -140,17 +142,18 @@ pub struct VerifyReport {
     pub seconds: f64,
 }
 
-/// Reads `topic` from the earliest offset with a new group until every id in `acked` was seen or
-/// nothing arrived for `idle`.
+/// Reads `topic` of `target` from the earliest offset with a new group until every id in `acked`
+/// was seen or nothing arrived for `idle`.
 pub async fn verify(
-    nameserver: &str,
+    target: &Target,
     topic: &str,
     acked: &HashSet<String>,
     idle: Duration,
 ) -> Result<VerifyReport> {
     let started = Instant::now();
     let group = format!("verify-{:08x}", rand::random::<u32>());
-    let mut consumer = Consumer::builder(nameserver, &group, topic)
+    let mut consumer = target
+        .consumer(&group, topic)
         .start_from(StartFrom::Earliest)
         .build()?;
     let mut seen: HashMap<String, u32> = HashMap::new();
@@ -193,7 +196,7 @@ pub async fn verify(
     }
     let _ = consumer.close().await;
     for (a, b) in &twice {
-        compare_nodes(nameserver, topic, a, b).await;
+        compare_nodes(target, topic, a, b).await;
     }
     let duplicates = seen.values().map(|c| u64::from(c - 1)).sum();
     Ok(VerifyReport {
@@ -211,13 +214,13 @@ pub async fn verify(
 /// Logs what every node of the group holds at two positions that carried the same message, to
 /// tell a producer-side duplicate (same on every node) from diverging replicas.
 async fn compare_nodes(
-    nameserver: &str,
+    target: &Target,
     topic: &str,
     a: &(String, u32, u64),
     b: &(String, u32, u64),
 ) {
     use raftmq_proto::v1::{PullRequest, broker_service_client::BrokerServiceClient};
-    let Ok(admin) = raftmq_client::Admin::connect(nameserver) else {
+    let Ok(admin) = target.admin() else {
         return;
     };
     let Ok(status) = admin.cluster_status().await else {
@@ -230,10 +233,10 @@ async fn compare_nodes(
         .filter(|g| g.name == a.0)
         .flat_map(|g| g.nodes.iter())
     {
-        let Ok(mut client) = BrokerServiceClient::connect(format!("http://{}", node.address)).await
-        else {
+        let Ok(channel) = target.channel(&node.address, |e| e) else {
             continue;
         };
+        let mut client = BrokerServiceClient::new(channel);
         let first = a.2.min(b.2);
         let req = PullRequest {
             topic: topic.to_string(),

@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use raftmq_client::{Admin, NodeStatusResponse};
+use raftmq_client::{Admin, ClientSecurity, NodeStatusResponse};
 
 use crate::probe::{Leader, LeaderRule, RoleView, find_leader, wait_for};
 
@@ -54,6 +54,9 @@ pub struct LocalClusterOptions {
     /// Divide this machine's cores among the nodes (`TOKIO_WORKER_THREADS`, see
     /// `worker_threads`); off, each node starts the runtime's default number of workers.
     pub share_cores: bool,
+    /// How the harness's own calls (readiness) reach the cluster: plaintext by default; TLS and
+    /// signing when the nameserver and node flags turn them on.
+    pub security: ClientSecurity,
 }
 
 impl Default for LocalClusterOptions {
@@ -69,6 +72,7 @@ impl Default for LocalClusterOptions {
             broker_args: Vec::new(),
             env: Vec::new(),
             share_cores: true,
+            security: ClientSecurity::default(),
         }
     }
 }
@@ -118,6 +122,11 @@ impl LocalClusterOptions {
 
     pub fn share_cores(mut self, share: bool) -> Self {
         self.share_cores = share;
+        self
+    }
+
+    pub fn security(mut self, security: ClientSecurity) -> Self {
+        self.security = security;
         self
     }
 }
@@ -284,6 +293,15 @@ impl<'a> IntoIterator for &'a Nodes {
         self.0.iter()
     }
 }
+
+/// The environment variables of the CLI's global security options, kept from local nodes.
+const CLIENT_SECURITY_ENV: [&str; 5] = [
+    "RAFTMQ_TLS_CA",
+    "RAFTMQ_TLS_CERT",
+    "RAFTMQ_TLS_KEY",
+    "RAFTMQ_ACCESS_KEY",
+    "RAFTMQ_SECRET_KEY",
+];
 
 /// A nameserver and one broker group running as child processes. See the module docs.
 pub struct LocalCluster {
@@ -568,6 +586,11 @@ impl LocalCluster {
                 worker_threads(self.nodes.len()).to_string(),
             );
         }
+        // The client's security variables of this shell (`RAFTMQ_TLS_CA` is also a broker
+        // node's) are not the local cluster's: it runs as its flags and `env` say.
+        for k in CLIENT_SECURITY_ENV {
+            cmd.env_remove(k);
+        }
         cmd.args(["--cluster", &self.cluster, "--broker", &self.broker])
             .args(["--nameservers", &self.nameserver])
             .args(&self.opts.broker_args)
@@ -716,9 +739,17 @@ impl LocalCluster {
         find_leader(&self.role_views(admin).await, LeaderRule::HighestTerm).ok()
     }
 
+    /// An admin client of this cluster, reaching it as [`LocalClusterOptions::security`] says.
+    pub fn admin(&self) -> Result<Admin> {
+        Ok(Admin::connect_with(
+            &self.nameserver,
+            self.opts.security.clone(),
+        )?)
+    }
+
     /// Waits until every running node answers, one leads, and the nameserver knows that leader.
     pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(u64, String)> {
-        let admin = Admin::connect(&self.nameserver)?;
+        let admin = self.admin()?;
         // The probe checks the children (which needs `&mut`) on every poll.
         let this = tokio::sync::Mutex::new(self);
         let waited = wait_for(

@@ -518,7 +518,8 @@ async fn t30_producer_and_offsets_across_leader_kills() {
     let log = load.stop().await;
     assert_eq!(log.failed, 0, "{:?}", log.first_error);
     let acked: HashSet<String> = log.acks.iter().map(|a| a.body.clone()).collect();
-    let report = verify(&ns, "t30", &acked, Duration::from_secs(10))
+    let target = raftmq_cli::connect::Target::plaintext(&ns);
+    let report = verify(&target, "t30", &acked, Duration::from_secs(10))
         .await
         .expect("verify");
     assert_eq!(report.lost, 0, "{report:?}");

@@ -23,6 +23,7 @@ use crate::conn::{each_attempt, request};
 use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::router::{Reply, RetryPolicy, Router};
+use crate::security::{ClientSecurity, Conn};
 
 /// Deliveries of a message before it is dead-lettered when a group's `max_attempts` is 0.
 pub const MAX_ATTEMPTS_DEFAULT: u32 = 16;
@@ -159,8 +160,15 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// An admin client for nameservers given as `"host:port;host:port"`; connects lazily.
+    /// An admin client for nameservers given as `"host:port;host:port"`; connects lazily, in
+    /// plaintext and unsigned.
     pub fn connect(nameservers: &str) -> Result<Admin> {
+        Admin::connect_with(nameservers, ClientSecurity::default())
+    }
+
+    /// [`Admin::connect`] with TLS and request signing for every connection (to nameservers and
+    /// nodes: admin, inspect and node status calls alike).
+    pub fn connect_with(nameservers: &str, security: ClientSecurity) -> Result<Admin> {
         Ok(Admin {
             // Admin changes (membership, leadership transfer) may take seconds on a live leader.
             router: Router::new(
@@ -169,6 +177,7 @@ impl Admin {
                     attempt_timeout: Duration::from_secs(3),
                     ..RetryPolicy::default()
                 },
+                security,
             )?,
             timeout: Duration::from_secs(10),
         })
@@ -613,7 +622,7 @@ impl Admin {
     where
         T: Clone,
         R: Reply,
-        F: FnMut(tonic::transport::Channel, tonic::Request<T>) -> Fut,
+        F: FnMut(Conn, tonic::Request<T>) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
         self.router.cluster_info().await?;

@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::nameserver::parse_nameservers;
 use crate::queue::{QueueId, allocate_averagely};
 use crate::router::{RetryPolicy, Router, is_transport_status};
+use crate::security::ClientSecurity;
 
 /// Where a queue with no committed offset for the group is read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,6 +89,8 @@ pub struct ConsumerConfig {
     /// Deadline of one heartbeat, commit or offset fetch, retries included.
     pub rpc_timeout: Duration,
     pub retry: RetryPolicy,
+    /// TLS and request signing of every connection (default: plaintext, unsigned).
+    pub security: ClientSecurity,
 }
 
 impl Default for ConsumerConfig {
@@ -102,6 +105,7 @@ impl Default for ConsumerConfig {
             route_refresh: Duration::from_secs(10),
             rpc_timeout: Duration::from_secs(3),
             retry: RetryPolicy::default(),
+            security: ClientSecurity::default(),
         }
     }
 }
@@ -150,11 +154,22 @@ impl ConsumerBuilder {
         self
     }
 
+    /// TLS and request signing for every connection, to nameservers and nodes (default:
+    /// plaintext, unsigned).
+    pub fn security(mut self, s: ClientSecurity) -> Self {
+        self.config.security = s;
+        self
+    }
+
     /// Joins the group and starts pulling. Needs a Tokio runtime.
     pub fn build(self) -> Result<Consumer> {
         crate::admin::check_name("group", &self.group)?;
         crate::admin::check_name("topic", &self.topic)?;
-        let router = Router::new(self.nameservers, self.config.retry.clone())?;
+        let router = Router::new(
+            self.nameservers,
+            self.config.retry.clone(),
+            self.config.security.clone(),
+        )?;
         let consumer_id = self
             .consumer_id
             .unwrap_or_else(|| format!("{}@{:08x}", std::process::id(), rand::random::<u32>()));
@@ -760,7 +775,7 @@ impl Puller {
 
 /// One Pull on `ch`, the server told it has `timeout`; replies up to the message size limit.
 async fn pull_on(
-    ch: tonic::transport::Channel,
+    ch: crate::security::Conn,
     req: v1::PullRequest,
     timeout: Duration,
 ) -> std::result::Result<tonic::Response<v1::PullResponse>, tonic::Status> {

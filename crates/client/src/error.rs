@@ -21,6 +21,11 @@ pub enum Error {
     #[error("invalid address {address:?}: {reason}")]
     InvalidAddress { address: String, reason: String },
 
+    /// TLS could not be set up for a connection to `address` (the client's TLS material was
+    /// refused). `reason` is the error with its causes, as text.
+    #[error("TLS setup for {address:?} failed: {reason}")]
+    Tls { address: String, reason: String },
+
     /// No nameserver answered; `last` is the last failure seen.
     #[error("no nameserver answered (tried {addresses}): {last}")]
     NameserverUnavailable { addresses: String, last: String },
@@ -88,6 +93,10 @@ impl Error {
         match self {
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
             Error::InvalidAddress { address, reason } => Error::InvalidAddress {
+                address: address.clone(),
+                reason: reason.clone(),
+            },
+            Error::Tls { address, reason } => Error::Tls {
                 address: address.clone(),
                 reason: reason.clone(),
             },

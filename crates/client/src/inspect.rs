@@ -93,7 +93,7 @@ impl Admin {
     ) -> Vec<Result<FromLeader<R>>>
     where
         R: Reply,
-        F: Fn(InspectServiceClient<tonic::transport::Channel>, Duration) -> Fut + Clone,
+        F: Fn(InspectServiceClient<crate::security::Conn>, Duration) -> Fut + Clone,
         Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
         let deadline = self.deadline();

@@ -10,6 +10,7 @@
 //! - [`nameserver`]: the route model ([`TopicRoute`]) and the multi-nameserver client.
 //! - `router` (internal): group views (nodes, leader) and the retry loop that follows leaders.
 //! - `conn` (internal): one lazily connected gRPC channel per address.
+//! - [`security`]: [`ClientSecurity`] — TLS and request signatures for every connection.
 //! - [`error`]: the one [`Error`] enum.
 //!
 //! Every call is async and needs a Tokio runtime. Leader changes are hidden: a request to a
@@ -38,6 +39,7 @@ pub mod nameserver;
 pub mod producer;
 pub mod queue;
 mod router;
+pub mod security;
 
 pub use admin::{Admin, BrokerView, ClusterStatus, ClusterView, NodeView, TopicInfo};
 pub use consumer::{Consumer, ConsumerBuilder, ConsumerConfig, ReceivedMessage, StartFrom};
@@ -47,5 +49,6 @@ pub use producer::{Message, Producer, ProducerBuilder, ProducerConfig, SendRecei
 pub use queue::QueueId;
 pub use raftmq_proto::v1::{CatchUpStatus, ErrorCode, NodeRef, NodeStatusResponse, PeerStatus};
 pub use router::RetryPolicy;
+pub use security::{ClientSecurity, Conn, Credentials, Tls, TlsFiles};
 /// The type of a received message's body.
 pub use tonic::codegen::Bytes;

@@ -48,6 +48,7 @@ use crate::error::{Error, Result};
 use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::queue::{QueueId, QueueSelector, queue_for_key};
 use crate::router::{RetryPolicy, Router};
+use crate::security::ClientSecurity;
 
 /// The contract's default send limits (`raftmq_proto::limits`): what a broker group enforces
 /// unless configured otherwise, and what the producer checks against until it knows the group's.
@@ -145,6 +146,8 @@ pub struct ProducerConfig {
     pub send_timeout: Duration,
     pub route_refresh: Duration,
     pub retry: RetryPolicy,
+    /// TLS and request signing of every connection (default: plaintext, unsigned).
+    pub security: ClientSecurity,
 }
 
 impl Default for ProducerConfig {
@@ -160,6 +163,7 @@ impl Default for ProducerConfig {
             send_timeout: Duration::from_secs(10),
             route_refresh: Duration::from_secs(30),
             retry: RetryPolicy::default(),
+            security: ClientSecurity::default(),
         }
     }
 }
@@ -222,9 +226,20 @@ impl ProducerBuilder {
         self
     }
 
+    /// TLS and request signing for every connection, to nameservers and nodes (default:
+    /// plaintext, unsigned).
+    pub fn security(mut self, s: ClientSecurity) -> Self {
+        self.config.security = s;
+        self
+    }
+
     /// Starts the producer. Needs a Tokio runtime; does not contact the cluster yet.
     pub fn build(self) -> Result<Producer> {
-        let router = Router::new(self.nameservers, self.config.retry.clone())?;
+        let router = Router::new(
+            self.nameservers,
+            self.config.retry.clone(),
+            self.config.security.clone(),
+        )?;
         let (batcher, tx) = Batcher::new(router.clone(), self.config.clone());
         let task = tokio::spawn(batcher.run());
         Ok(Producer {
@@ -796,7 +811,12 @@ mod tests {
 
     fn batcher(config: ProducerConfig) -> (Batcher, mpsc::Sender<Pending>) {
         // Nothing listens there: the dispatched jobs only retry in the background.
-        let router = Router::new(vec!["127.0.0.1:1".into()], config.retry.clone()).unwrap();
+        let router = Router::new(
+            vec!["127.0.0.1:1".into()],
+            config.retry.clone(),
+            config.security.clone(),
+        )
+        .unwrap();
         Batcher::new(router, config)
     }
 

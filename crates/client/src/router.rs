@@ -29,13 +29,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use raftmq_proto::v1::{self, ErrorCode};
-use tokio::time::Instant;
-use tonic::transport::Channel;
-
 use crate::conn::Pool;
 use crate::error::{Error, Result, is_retriable_code};
 use crate::nameserver::{NameserverClient, TopicRoute};
+use crate::security::{ClientSecurity, Conn};
+use raftmq_proto::v1::{self, ErrorCode};
+use tokio::time::Instant;
 
 /// How the retry loops pace themselves.
 #[derive(Debug, Clone)]
@@ -141,8 +140,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Router {
-    pub(crate) fn new(nameservers: Vec<String>, policy: RetryPolicy) -> Result<Arc<Self>> {
-        let pool = Pool::new(policy.connect_timeout);
+    pub(crate) fn new(
+        nameservers: Vec<String>,
+        policy: RetryPolicy,
+        security: ClientSecurity,
+    ) -> Result<Arc<Self>> {
+        let pool = Pool::new(policy.connect_timeout, security);
         let ns = NameserverClient::new(nameservers, pool.clone())?;
         Ok(Arc::new(Router {
             pool,
@@ -384,7 +387,7 @@ impl Router {
     ) -> Result<(R, String)>
     where
         R: Reply,
-        F: FnMut(Channel, Duration) -> Fut,
+        F: FnMut(Conn, Duration) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
         self.call_leader_timed(broker, rpc, deadline, self.policy.attempt_timeout, call)
@@ -403,7 +406,7 @@ impl Router {
     ) -> Result<(R, String)>
     where
         R: Reply,
-        F: FnMut(Channel, Duration) -> Fut,
+        F: FnMut(Conn, Duration) -> Fut,
         Fut: Future<Output = std::result::Result<tonic::Response<R>, tonic::Status>>,
     {
         let started = Instant::now();
@@ -715,7 +718,12 @@ mod tests {
     use super::*;
 
     fn router() -> Arc<Router> {
-        Router::new(vec!["127.0.0.1:1".into()], RetryPolicy::default()).expect("router")
+        Router::new(
+            vec!["127.0.0.1:1".into()],
+            RetryPolicy::default(),
+            ClientSecurity::default(),
+        )
+        .expect("router")
     }
 
     fn route(term: u64, leader: u64) -> TopicRoute {

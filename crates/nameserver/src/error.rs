@@ -1,8 +1,9 @@
 //! The crate's one error type.
 //!
-//! API errors ([`Error::InvalidArgument`], [`Error::TopicNotFound`]) are answered to the caller
-//! inside the reply's `error` field with a stable [`ErrorCode`]; the others stop start-up or the
-//! server and reach the binary edge, where `anyhow` adds context.
+//! API errors ([`Error::InvalidArgument`], [`Error::TopicNotFound`], and with auth on
+//! [`Error::Unauthenticated`] and [`Error::Forbidden`]) are answered to the caller inside the
+//! reply's `error` field with a stable [`ErrorCode`]; the others stop start-up or the server and
+//! reach the binary edge, where `anyhow` adds context.
 //!
 //! A message names its subject and leaves its cause to `#[source]`: the binary prints the chain
 //! with `{:#}`, which appends each source once (a message that embedded its source as well
@@ -28,6 +29,23 @@ pub enum Error {
     TopicNotFound {
         /// The topic asked for.
         topic: String,
+    },
+    /// With auth on, a call that carries no valid credentials: not signed, signed badly, too
+    /// early or too late, or by an unknown access key, and made without a node certificate.
+    #[error("{reason}")]
+    Unauthenticated {
+        /// What is wrong ("no credentials", or the signature check's reason); never a secret.
+        reason: String,
+    },
+    /// With auth on, a user whose signature checks out but who may not do this.
+    #[error(
+        "access key {access_key:?} may not {action}: only the admin or a node certificate may change the registry"
+    )]
+    Forbidden {
+        /// The call refused, e.g. `register`.
+        action: &'static str,
+        /// The user who asked.
+        access_key: String,
     },
     /// A configuration key has an invalid value; `key` is the TOML key (also the flag name).
     #[error("invalid config key `{key}`: {reason}")]
@@ -64,6 +82,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS files could not be loaded at start-up.
+    #[error("cannot load the TLS files")]
+    Tls(#[source] raftmq_security::tls::TlsError),
     /// The gRPC/HTTP server failed while serving.
     #[error("the server failed")]
     Transport(#[from] tonic::transport::Error),
@@ -89,6 +110,8 @@ impl Error {
         match self {
             Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             Error::TopicNotFound { .. } => ErrorCode::TopicNotFound,
+            Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
+            Error::Forbidden { .. } => ErrorCode::Forbidden,
             _ => ErrorCode::Internal,
         }
     }
@@ -120,6 +143,29 @@ mod tests {
         assert_eq!(
             printed,
             "nameserver start-up failed: cannot listen on 127.0.0.1:7000: address in use"
+        );
+    }
+
+    #[test]
+    fn t02_refusals_map_to_their_wire_codes() {
+        let e = Error::Unauthenticated {
+            reason: "no credentials".into(),
+        };
+        let wire = e.to_proto();
+        assert_eq!(
+            (wire.code(), wire.message.as_str()),
+            (ErrorCode::Unauthenticated, "no credentials")
+        );
+        let e = Error::Forbidden {
+            action: "register",
+            access_key: "reader".into(),
+        };
+        let wire = e.to_proto();
+        assert_eq!(wire.code(), ErrorCode::Forbidden);
+        assert!(
+            wire.message.contains("\"reader\" may not register"),
+            "{}",
+            wire.message
         );
     }
 }

@@ -6,14 +6,18 @@
 //! # Crate map
 //! - [`registry`]: the pure core — registration, expiry, leader choice, routes, cluster info.
 //!   Takes the current time as an argument; no I/O, no clock.
-//! - [`service`]: the gRPC `NameserverService` over a shared registry, and the expiry task that
-//!   owns the clock.
+//! - [`auth`]: who may call what (auth on): the caller a call's certificate or signature makes,
+//!   and the decision per call. Pure, like the registry.
+//! - [`service`]: the gRPC `NameserverService` over a shared registry, the gate that identifies
+//!   each call, and the expiry task that owns the clock.
 //! - [`metrics`]: Prometheus counters and gauges, rendered at `GET /metrics`.
 //! - [`config`]: [`Config`] (defaults, validation, TOML file) and the clap [`Args`].
-//! - [`server`]: binds the one port and serves gRPC, health, reflection and `/metrics` on it;
-//!   [`run`] is the binary's entry point, [`serve`] / [`Server`] the in-process one.
+//! - [`server`]: binds the one port and serves gRPC, health, reflection and `/metrics` on it, over
+//!   TLS when configured; [`run`] is the binary's entry point, [`serve`] / [`Server`] the
+//!   in-process one.
 //! - [`error`]: the crate's single error type, with its stable wire codes.
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod metrics;

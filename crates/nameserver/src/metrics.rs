@@ -24,6 +24,9 @@ pub struct Metrics {
     pub route_requests: IntCounterVec,
     /// Cluster-info requests.
     pub cluster_info_requests: IntCounter,
+    /// NameserverService calls refused by auth, by `result` (`unauthenticated` or `forbidden`);
+    /// a refused call is counted here only.
+    pub refused_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -77,6 +80,12 @@ impl Metrics {
                 "Cluster info requests",
             )?,
         )?;
+        let refused_requests = by_result(
+            &registry,
+            "raftmq_nameserver_refused_requests_total",
+            "NameserverService calls refused by auth, by result",
+            &["unauthenticated", "forbidden"],
+        )?;
         Ok(Metrics {
             registry,
             nodes,
@@ -86,6 +95,7 @@ impl Metrics {
             expirations,
             route_requests,
             cluster_info_requests,
+            refused_requests,
         })
     }
 

@@ -3,6 +3,12 @@
 //! On the port: gRPC `raftmq.v1.NameserverService`, `grpc.health.v1.Health` (set serving),
 //! gRPC reflection (v1 and v1alpha), and HTTP/1.1 or HTTP/2 `GET /metrics` (Prometheus text).
 //! A connection that sends garbage is closed by the HTTP layer; other connections are unaffected.
+//!
+//! With `tls_ca`, `tls_cert` and `tls_key` the port speaks TLS only (`/metrics` too): handshakes
+//! run off the accept loop, a client certificate is asked for but optional (verified against the
+//! CA bundle when given), and the files are looked at every `tls_reload_ms` so certificates rotate
+//! without a restart. With `auth` on, the NameserverService's calls pass the
+//! [`service::Gatekeeper`]; health, reflection and `/metrics` stay open.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,11 +16,13 @@ use std::sync::{Arc, Mutex};
 
 use axum::routing::get;
 use raftmq_proto::v1::nameserver_service_server::NameserverServiceServer;
+use raftmq_security::tls::Tls;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 
+use crate::auth::Gate;
 use crate::config::{Args, Config};
 use crate::error::Error;
 use crate::metrics::Metrics;
@@ -30,12 +38,18 @@ pub struct Server {
     local_addr: SocketAddr,
     registry: SharedRegistry,
     metrics: Arc<Metrics>,
+    tls: Option<Arc<Tls>>,
 }
 
 impl Server {
-    /// Validates `config` and binds its listen address.
+    /// Validates `config`, loads its TLS files, and binds its listen address.
     pub async fn bind(config: Config) -> Result<Server, Error> {
         config.validate()?;
+        let tls = config
+            .tls_files()
+            .map(Tls::load)
+            .transpose()
+            .map_err(Error::Tls)?;
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind {
@@ -54,6 +68,7 @@ impl Server {
             local_addr,
             registry,
             metrics,
+            tls,
         })
     }
 
@@ -76,6 +91,7 @@ impl Server {
             local_addr,
             registry,
             metrics,
+            tls,
         } = self;
 
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -91,28 +107,32 @@ impl Server {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1alpha()?;
 
+        let gate = Gate::new(&config).map(Arc::new);
         let nameserver = service::Nameserver::new(Arc::clone(&registry), Arc::clone(&metrics));
         let metrics_for_http = Arc::clone(&metrics);
-        let router = Routes::new(NameserverServiceServer::new(nameserver))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            .into_axum_router()
-            .route(
-                "/metrics",
-                get(move || {
-                    let metrics = Arc::clone(&metrics_for_http);
-                    async move {
-                        (
-                            [(
-                                axum::http::header::CONTENT_TYPE,
-                                "text/plain; version=0.0.4; charset=utf-8",
-                            )],
-                            metrics.render(),
-                        )
-                    }
-                }),
-            );
+        let router = Routes::new(NameserverServiceServer::with_interceptor(
+            nameserver,
+            service::Gatekeeper::new(gate.clone()),
+        ))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .into_axum_router()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics_for_http);
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        );
 
         let expiry_task = tokio::spawn(service::run_expiry(
             Arc::clone(&registry),
@@ -124,24 +144,77 @@ impl Server {
             scan_interval_ms = config.scan_interval_ms,
             "listening on {local_addr}"
         );
+        warn_what_is_open(&config, local_addr, tls.as_deref(), gate.as_deref());
 
-        let result = tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             .accept_http1(true)
-            .add_routes(Routes::from(router))
-            .serve_with_incoming_shutdown(
-                // tonic ignores tcp_nodelay for a stream of accepted sockets: set it on each.
-                TcpListenerStream::new(listener).map(|s| {
-                    if let Ok(s) = &s {
-                        let _ = s.set_nodelay(true);
-                    }
-                    s
-                }),
-                shutdown,
-            )
-            .await;
+            .add_routes(Routes::from(router));
+        let result = match tls {
+            Some(tls) => {
+                tls.spawn_reload(config.tls_reload());
+                router
+                    .serve_with_incoming_shutdown(
+                        raftmq_security::tls::incoming(listener, tls),
+                        shutdown,
+                    )
+                    .await
+            }
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        // tonic ignores tcp_nodelay for a stream of accepted sockets: set it on
+                        // each.
+                        TcpListenerStream::new(listener).map(|s| {
+                            if let Ok(s) = &s {
+                                let _ = s.set_nodelay(true);
+                            }
+                            s
+                        }),
+                        shutdown,
+                    )
+                    .await
+            }
+        };
         expiry_task.abort();
         tracing::info!("nameserver stopped");
         result.map_err(Error::from)
+    }
+}
+
+/// Says at start what is protected: a loud warning for TLS off and for auth off, naming what that
+/// exposes, else one line on what is on.
+fn warn_what_is_open(config: &Config, addr: SocketAddr, tls: Option<&Tls>, gate: Option<&Gate>) {
+    if let Some(tls) = tls {
+        tracing::info!(
+            ca = %tls.files().ca.display(),
+            reload_ms = config.tls_reload_ms,
+            "TLS is on: the port serves TLS only"
+        );
+    } else {
+        tracing::warn!(
+            "TLS is OFF: registrations, routes and cluster info cross the network in plaintext on \
+             {addr}, readable and alterable by anyone on the path{}; set tls_ca, tls_cert and \
+             tls_key",
+            if gate.is_some() {
+                ", and a captured signature can be replayed for signature_window_secs"
+            } else {
+                ""
+            }
+        );
+    }
+    match gate {
+        Some(gate) => tracing::info!(
+            admin = %config.admin_access_key,
+            users = gate.user_count(),
+            window_secs = config.signature_window_secs,
+            "auth is on: register and unregister need a node certificate or the admin's \
+             signature, route and cluster info a signature of the admin or a user"
+        ),
+        None => tracing::warn!(
+            "auth is OFF: anyone who can reach {addr} can register or unregister broker nodes \
+             (steering clients to any address) and read every route and the cluster's layout; \
+             set auth = true and admin_secret_key"
+        ),
     }
 }
 

@@ -1,9 +1,12 @@
-//! The gRPC `NameserverService` over a shared [`Registry`], and the expiry task.
+//! The gRPC `NameserverService` over a shared [`Registry`], its [`Gatekeeper`], and the expiry
+//! task.
 //!
 //! API errors go back inside the reply's `error` field with their stable code, never as a gRPC
-//! status: a transport-level status means the call itself failed. Handlers stamp a registration
-//! with the time it arrives; only the expiry task decides, on its own tick, what to remove. The registry lock is a plain
-//! mutex held only for in-memory work, never across an `.await`.
+//! status: a transport-level status means the call itself failed. Auth refusals too: the
+//! [`Gatekeeper`] interceptor puts a [`Caller`] on every call, each handler first asks
+//! [`auth::authorize`], and a refused call touches nothing. Handlers stamp a registration with the
+//! time it arrives; only the expiry task decides, on its own tick, what to remove. The registry
+//! lock is a plain mutex held only for in-memory work, never across an `.await`.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,6 +18,7 @@ use raftmq_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use crate::auth::{self, Action, Caller, Gate};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -30,13 +34,72 @@ pub struct Nameserver {
 }
 
 impl Nameserver {
-    /// A service answering from `registry` and counting into `metrics`.
+    /// A service answering from `registry` and counting into `metrics`. Serve it behind a
+    /// [`Gatekeeper`]: a call that did not pass one has no credentials and is refused.
     pub fn new(registry: SharedRegistry, metrics: Arc<Metrics>) -> Self {
         Nameserver { registry, metrics }
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
         lock(&self.registry)
+    }
+
+    /// Whether the call's caller (set by the [`Gatekeeper`]) may do `action`; a refusal is
+    /// counted and logged here, and answered by the handler.
+    fn admit<T>(&self, request: &Request<T>, action: Action) -> Result<(), Error> {
+        let caller = request.extensions().get::<Caller>();
+        let result = auth::authorize(caller, action);
+        if let Err(e) = &result {
+            let label = match e {
+                Error::Forbidden { .. } => "forbidden",
+                _ => "unauthenticated",
+            };
+            self.metrics
+                .refused_requests
+                .with_label_values(&[label])
+                .inc();
+            let peer = request.remote_addr();
+            if action.changes_registry() {
+                tracing::warn!(?peer, call = action.as_str(), error = %e, "call refused");
+            } else {
+                tracing::debug!(?peer, call = action.as_str(), error = %e, "call refused");
+            }
+        }
+        result
+    }
+}
+
+/// The interceptor in front of the NameserverService: identifies each call by its verified
+/// client certificate or its signature (see [`Gate::identify`]) and puts the [`Caller`] in the
+/// request's extensions. It refuses nothing itself: refusals go in the reply's `error` field.
+#[derive(Debug, Clone, Default)]
+pub struct Gatekeeper(Option<Arc<Gate>>);
+
+impl Gatekeeper {
+    /// A gatekeeper for `gate`; `None` (auth off) marks every call [`Caller::Open`].
+    pub fn new(gate: Option<Arc<Gate>>) -> Self {
+        Gatekeeper(gate)
+    }
+}
+
+impl tonic::service::Interceptor for Gatekeeper {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let caller = match &self.0 {
+            None => Caller::Open,
+            Some(gate) => {
+                use raftmq_security::sign::{AUTHORIZATION, DATE_TIME, now_secs};
+                let certs = request.peer_certs();
+                let header = |name| request.metadata().get(name).and_then(|v| v.to_str().ok());
+                gate.identify(
+                    certs.as_deref().map(Vec::as_slice),
+                    header(AUTHORIZATION),
+                    header(DATE_TIME),
+                    now_secs(),
+                )
+            }
+        };
+        request.extensions_mut().insert(caller);
+        Ok(request)
     }
 }
 
@@ -54,6 +117,13 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
+        if let Err(e) = self.admit(&request, Action::Register) {
+            return Ok(Response::new(RegisterResponse {
+                error: Some(e.to_proto()),
+                expiry_secs: 0,
+            }));
+        }
+        let by = caller_of(&request);
         let req = request.into_inner();
         let (result, expiry) = {
             let mut reg = self.lock();
@@ -69,7 +139,7 @@ impl NameserverService for Nameserver {
                         cluster = %req.cluster, broker = %req.broker, node_id = req.node_id,
                         address = %req.address, term = req.term,
                         previous_role = out.previous_role.map(|r| r.as_str()).unwrap_or("none"),
-                        role = %out.role, "node registered"
+                        role = %out.role, %by, "node registered"
                     );
                 } else {
                     tracing::debug!(
@@ -101,6 +171,12 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<UnregisterRequest>,
     ) -> Result<Response<UnregisterResponse>, Status> {
+        if let Err(e) = self.admit(&request, Action::Unregister) {
+            return Ok(Response::new(UnregisterResponse {
+                error: Some(e.to_proto()),
+            }));
+        }
+        let by = caller_of(&request);
         let req = request.into_inner();
         let result = {
             let mut reg = self.lock();
@@ -114,7 +190,7 @@ impl NameserverService for Nameserver {
                     self.metrics.unregistrations.inc();
                     tracing::info!(
                         cluster = %req.cluster, broker = %req.broker, node_id = req.node_id,
-                        "node unregistered"
+                        %by, "node unregistered"
                     );
                 }
                 None
@@ -128,7 +204,15 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<RouteRequest>,
     ) -> Result<Response<RouteResponse>, Status> {
+        let admitted = self.admit(&request, Action::Route);
         let topic = request.into_inner().topic;
+        if let Err(e) = admitted {
+            return Ok(Response::new(RouteResponse {
+                error: Some(e.to_proto()),
+                topic,
+                brokers: Vec::new(),
+            }));
+        }
         let result = self.lock().route(&topic, Instant::now());
         let (label, reply) = match result {
             Ok(brokers) => (
@@ -163,8 +247,14 @@ impl NameserverService for Nameserver {
 
     async fn get_cluster_info(
         &self,
-        _request: Request<ClusterInfoRequest>,
+        request: Request<ClusterInfoRequest>,
     ) -> Result<Response<ClusterInfoResponse>, Status> {
+        if let Err(e) = self.admit(&request, Action::ClusterInfo) {
+            return Ok(Response::new(ClusterInfoResponse {
+                error: Some(e.to_proto()),
+                clusters: Vec::new(),
+            }));
+        }
         let clusters = self.lock().cluster_info(Instant::now());
         self.metrics.cluster_info_requests.inc();
         Ok(Response::new(ClusterInfoResponse {
@@ -172,6 +262,14 @@ impl NameserverService for Nameserver {
             clusters,
         }))
     }
+}
+
+/// Who made an admitted call, for the log.
+fn caller_of<T>(request: &Request<T>) -> String {
+    request
+        .extensions()
+        .get::<Caller>()
+        .map_or_else(|| "unknown".into(), Caller::to_string)
 }
 
 /// The task that owns the clock for expiry: every `interval` it removes the nodes that have been

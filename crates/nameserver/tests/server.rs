@@ -1,5 +1,6 @@
 //! Integration tests of the nameserver over real sockets: gRPC registration and routes, health,
-//! reflection, `/metrics`, robustness against garbage bytes, expiry, and the binary's start-up.
+//! reflection, `/metrics`, robustness against garbage bytes, expiry, the binary's start-up, and
+//! TLS with auth.
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -445,4 +446,379 @@ async fn t61_binary_refuses_bad_config_naming_the_key() {
         1,
         "one-line reason: {stderr}"
     );
+}
+
+#[tokio::test]
+async fn t62_binary_refuses_auth_without_a_secret_and_never_shows_one() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nameserver"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RAFTMQ_NS_AUTH", "true")
+        .output()
+        .await
+        .expect("run nameserver");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("admin_secret_key"), "{stderr}");
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_nameserver"))
+        .arg("--help")
+        .env("RAFTMQ_NS_ADMIN_SECRET_KEY", "do-not-show-me")
+        .output()
+        .await
+        .expect("run nameserver");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("RAFTMQ_NS_ADMIN_SECRET_KEY"), "{help}");
+    assert!(!help.contains("do-not-show-me"), "{help}");
+}
+
+mod tls_auth {
+    use std::path::{Path, PathBuf};
+
+    use raftmq_security::certgen::{Ca, Pem};
+    use raftmq_security::identity::NodeIdentity;
+    use raftmq_security::sign::Credentials;
+    use raftmq_security::tls::{Tls, TlsFiles};
+    use tonic::Request;
+    use tonic::transport::Endpoint;
+
+    use super::*;
+    use raftmq_nameserver::config::{Secret, User};
+
+    const ADMIN_SECRET: &str = "admin-secret-1";
+    const READER_SECRET: &str = "reader-secret-1";
+
+    /// Writes `<name>.pem` and `<name>.key` into `dir`; returns the certificate and key paths.
+    fn write_pair(dir: &Path, name: &str, pem: &Pem) -> (PathBuf, PathBuf) {
+        let (cert, key) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert, &pem.cert).unwrap();
+        std::fs::write(&key, &pem.key).unwrap();
+        (cert, key)
+    }
+
+    /// The trust of `ca` plus, when given, a client certificate and key.
+    fn files(ca: &Path, pair: Option<&(PathBuf, PathBuf)>) -> TlsFiles {
+        TlsFiles {
+            ca: ca.to_path_buf(),
+            cert: pair.map(|p| p.0.clone()),
+            key: pair.map(|p| p.1.clone()),
+        }
+    }
+
+    /// A channel over TLS to `addr` with `files`' trust and client certificate.
+    async fn tls_channel(addr: SocketAddr, files: TlsFiles) -> Result<Channel, String> {
+        let tls = Tls::load(files).map_err(|e| e.to_string())?;
+        let endpoint = Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .tls_config(tls.client_config())
+            .unwrap();
+        let channel = tokio::time::timeout(Duration::from_secs(10), endpoint.connect())
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| format!("{e:?}"))?;
+        // Connecting may succeed before the server has checked a client certificate; a call
+        // shows whether the connection is usable.
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            health.check(tonic_health::pb::HealthCheckRequest::default()),
+        )
+        .await
+        .map_err(|_| "health check timed out".to_string())?
+        .map_err(|e| format!("{e:?}"))?;
+        Ok(channel)
+    }
+
+    fn signed<T>(message: T, access_key: &str, secret: &str) -> Request<T> {
+        let mut request = Request::new(message);
+        Credentials {
+            access_key: access_key.into(),
+            secret: secret.into(),
+        }
+        .sign_request(&mut request);
+        request
+    }
+
+    fn route_request(topic: &str) -> RouteRequest {
+        RouteRequest {
+            topic: topic.into(),
+        }
+    }
+
+    /// `GET path` over an established (TLS) channel; returns the status and the body.
+    async fn get_over(channel: &Channel, addr: SocketAddr, path: &str) -> (u16, String) {
+        use tonic::codegen::{Body as _, Service as _, http};
+        let mut channel = channel.clone();
+        std::future::poll_fn(|cx| channel.poll_ready(cx))
+            .await
+            .unwrap();
+        let request = http::Request::get(format!("https://{addr}{path}"))
+            .body(tonic::body::Body::default())
+            .unwrap();
+        let response = channel.call(request).await.unwrap();
+        let status = response.status().as_u16();
+        let mut body = std::pin::pin!(response.into_body());
+        let mut bytes = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn t70_tls_and_auth_over_real_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (ca, ca_pem) = Ca::generate("test CA").unwrap();
+        std::fs::write(d.join("ca.pem"), &ca_pem.cert).unwrap();
+        let ca_file = d.join("ca.pem");
+        let hosts = ["localhost".to_string(), "127.0.0.1".to_string()];
+        let server = write_pair(
+            d,
+            "nameserver",
+            &ca.issue_server("nameserver", &hosts).unwrap(),
+        );
+        let node_id = NodeIdentity {
+            cluster: "DefaultCluster".into(),
+            broker: "broker-a".into(),
+            node_id: 1,
+        };
+        let node = write_pair(d, "node", &ca.issue_node(&node_id, &hosts).unwrap());
+        let client_cert = write_pair(d, "client", &ca.issue_client("client").unwrap());
+
+        let ns = start(Config {
+            tls_ca: Some(ca_file.clone()),
+            tls_cert: Some(server.0.clone()),
+            tls_key: Some(server.1.clone()),
+            tls_reload_ms: 100,
+            auth: true,
+            admin_secret_key: Some(Secret::new(ADMIN_SECRET)),
+            users: vec![User {
+                access_key: "reader".into(),
+                secret_key: Secret::new(READER_SECRET),
+            }],
+            ..local_config()
+        })
+        .await;
+
+        tracing::info!("phase: a node certificate registers");
+        let node_channel = tls_channel(ns.addr, files(&ca_file, Some(&node)))
+            .await
+            .expect("node connects over TLS");
+        let mut as_node = NameserverServiceClient::new(node_channel.clone());
+        let reply = as_node
+            .register(registration(1, "leader", 4, &[("orders", 8)]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error, None);
+        assert_eq!(reply.expiry_secs, 120);
+
+        tracing::info!("phase: a user's signature reads routes, no signature does not");
+        let anonymous = tls_channel(ns.addr, files(&ca_file, None))
+            .await
+            .expect("a client without a certificate connects over TLS");
+        let mut c = NameserverServiceClient::new(anonymous.clone());
+        let route = c
+            .route(signed(route_request("orders"), "reader", READER_SECRET))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(route.error, None);
+        assert_eq!(route.brokers.len(), 1);
+        assert_eq!(route.brokers[0].nodes.len(), 1);
+        let info = c
+            .get_cluster_info(signed(ClusterInfoRequest {}, "reader", READER_SECRET))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((info.error, info.clusters.len()), (None, 1));
+
+        let unsigned = route_of(&mut c, "orders").await;
+        let err = unsigned.error.expect("refused");
+        assert_eq!(err.code(), ErrorCode::Unauthenticated);
+        assert!(err.message.contains("no credentials"), "{}", err.message);
+        assert!(unsigned.brokers.is_empty());
+        let info = cluster_info(&mut c).await;
+        assert_eq!(
+            info.error.map(|e| e.code()),
+            Some(ErrorCode::Unauthenticated)
+        );
+        assert!(info.clusters.is_empty());
+        let forged = c
+            .route(signed(route_request("orders"), "reader", "not-the-secret"))
+            .await
+            .unwrap()
+            .into_inner();
+        let err = forged.error.expect("refused");
+        assert_eq!(err.code(), ErrorCode::Unauthenticated);
+        assert!(!err.message.contains("not-the-secret"), "{}", err.message);
+
+        tracing::info!("phase: a user may not register; nothing is stored");
+        let reply = c
+            .register(signed(
+                registration(2, "leader", 9, &[("orders", 8)]),
+                "reader",
+                READER_SECRET,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let err = reply.error.expect("refused");
+        assert_eq!(err.code(), ErrorCode::Forbidden);
+        assert!(
+            err.message.contains("\"reader\"") && err.message.contains("register"),
+            "{}",
+            err.message
+        );
+        let reply = c
+            .unregister(signed(
+                UnregisterRequest {
+                    cluster: "DefaultCluster".into(),
+                    broker: "broker-a".into(),
+                    node_id: 1,
+                },
+                "reader",
+                READER_SECRET,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error.map(|e| e.code()), Some(ErrorCode::Forbidden));
+        let reply = c
+            .register(registration(3, "follower", 4, &[]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.error.map(|e| e.code()),
+            Some(ErrorCode::Unauthenticated)
+        );
+        let route = as_node
+            .route(route_request("orders"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(route.error, None);
+        let b = &route.brokers[0];
+        assert_eq!((b.nodes.len(), b.term, b.leader_id), (1, 4, Some(1)));
+
+        tracing::info!("phase: a client certificate without a node identity is no node");
+        let mut as_client = NameserverServiceClient::new(
+            tls_channel(ns.addr, files(&ca_file, Some(&client_cert)))
+                .await
+                .expect("a client certificate from the CA is accepted"),
+        );
+        let reply = as_client
+            .register(registration(3, "follower", 4, &[]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            reply.error.map(|e| e.code()),
+            Some(ErrorCode::Unauthenticated)
+        );
+
+        tracing::info!("phase: the admin's signature registers");
+        let reply = c
+            .register(signed(
+                registration(2, "follower", 4, &[("orders", 8)]),
+                "admin",
+                ADMIN_SECRET,
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error, None);
+        let route = c
+            .route(signed(route_request("orders"), "admin", ADMIN_SECRET))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(route.brokers[0].nodes.len(), 2);
+
+        tracing::info!("phase: /metrics over TLS, on the same port, without credentials");
+        let (status, text) = get_over(&anonymous, ns.addr, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(metric(&text, "raftmq_nameserver_nodes"), 2.0);
+        assert_eq!(
+            metric(
+                &text,
+                "raftmq_nameserver_refused_requests_total{result=\"forbidden\"}"
+            ),
+            2.0
+        );
+        assert_eq!(
+            metric(
+                &text,
+                "raftmq_nameserver_refused_requests_total{result=\"unauthenticated\"}"
+            ),
+            5.0
+        );
+
+        tracing::info!("phase: plaintext and foreign certificates get nowhere");
+        let plaintext = tokio::time::timeout(Duration::from_secs(10), async {
+            match NameserverServiceClient::connect(format!("http://{}", ns.addr)).await {
+                Err(_) => true,
+                Ok(mut c) => c.route(route_request("orders")).await.is_err(),
+            }
+        })
+        .await
+        .expect("the plaintext attempt ends in time");
+        assert!(plaintext, "a plaintext client talked to the TLS port");
+        let raw = http_get(ns.addr, "/metrics").await;
+        assert!(!raw.starts_with("HTTP/"), "{raw}");
+        let (other_ca, _) = Ca::generate("another CA").unwrap();
+        let foreign = write_pair(
+            d,
+            "foreign",
+            &other_ca.issue_node(&node_id, &hosts).unwrap(),
+        );
+        assert!(
+            tls_channel(ns.addr, files(&ca_file, Some(&foreign)))
+                .await
+                .is_err(),
+            "a certificate from another CA was accepted"
+        );
+
+        tracing::info!("phase: a new server certificate is picked up without a restart");
+        let (new_ca, new_ca_pem) = Ca::generate("rotated CA").unwrap();
+        std::fs::write(d.join("new-ca.pem"), &new_ca_pem.cert).unwrap();
+        let new_trust = files(&d.join("new-ca.pem"), None);
+        assert!(tls_channel(ns.addr, new_trust.clone()).await.is_err());
+        let rotated = new_ca.issue_server("nameserver", &hosts).unwrap();
+        std::fs::write(&server.1, &rotated.key).unwrap();
+        std::fs::write(&server.0, &rotated.cert).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let fresh = loop {
+            match tls_channel(ns.addr, new_trust.clone()).await {
+                Ok(channel) => break channel,
+                Err(e) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the rotated certificate was never served: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let route = NameserverServiceClient::new(fresh)
+            .route(signed(route_request("orders"), "reader", READER_SECRET))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(route.error, None);
+        // The connection opened before the rotation keeps working.
+        let route = as_node
+            .route(route_request("orders"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(route.error, None);
+
+        ns.stop().await;
+    }
 }

@@ -199,3 +199,37 @@ impl LocalGroup {
         }
     }
 }
+
+/// What a forger would send a group's members, for tests that check the peer service refuses
+/// strangers: the payload of a vote request for `candidate` at `term` claiming a log up to
+/// (`last_term`, `last_index`), which a member would grant (and so depose its leader) if it read
+/// it.
+pub fn forged_vote(term: u64, candidate: u64, last_term: u64, last_index: u64) -> Vec<u8> {
+    let vote = crate::types::Vote::new(term, candidate);
+    let last = crate::types::log_id(last_term, candidate, last_index);
+    let req = openraft::raft::VoteRequest::<crate::types::TypeConfig>::new(vote, Some(last));
+    crate::network::encode(&req).expect("a vote request encodes")
+}
+
+/// The payload of an append from a self-declared leader `leader` at `term` carrying one entry
+/// (`payload`) after (`prev_term`, `prev_index`) and committing it.
+pub fn forged_append(
+    term: u64,
+    leader: u64,
+    prev_term: u64,
+    prev_index: u64,
+    payload: Vec<u8>,
+) -> Vec<u8> {
+    let vote = crate::types::Vote::new_committed(term, leader);
+    let entry = crate::types::Entry {
+        log_id: crate::types::log_id(term, leader, prev_index + 1),
+        payload: crate::types::EntryPayload::Normal(crate::types::Payload(payload.into())),
+    };
+    let req = openraft::raft::AppendEntriesRequest::<crate::types::TypeConfig> {
+        vote,
+        prev_log_id: Some(crate::types::log_id(prev_term, leader, prev_index)),
+        leader_commit: Some(crate::types::log_id(term, leader, prev_index + 1)),
+        entries: vec![entry],
+    };
+    crate::network::encode(&req).expect("an append request encodes")
+}

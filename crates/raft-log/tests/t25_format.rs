@@ -13,6 +13,7 @@ fn config(data_dir: &std::path::Path) -> MemberConfig {
         peer_routes: Default::default(),
         data_dir: data_dir.to_path_buf(),
         raft: RaftConfig::default(),
+        tls: None,
     }
 }
 

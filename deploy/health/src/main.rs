@@ -4,9 +4,12 @@
 //! The container image has no shell, so the compose health checks run this binary:
 //!
 //! ```text
-//! raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS]
+//! raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS] [--tls-ca FILE]
 //! raftmq-health --addr HOST:PORT --http PATH [--timeout-ms MS]
 //! ```
+//!
+//! With `--tls-ca` (or the node's own `RAFTMQ_TLS_CA` in its environment) the check speaks TLS,
+//! trusting that CA bundle; the health service needs no credentials.
 //!
 //! Exit status 0 when the server answers `SERVING` (with `--http`: status 200) within the
 //! timeout; 1 otherwise, with a one-line reason on standard error. `--service` defaults to `""`,
@@ -19,7 +22,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-const USAGE: &str = "usage: raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS]\n\
+const USAGE: &str = "usage: raftmq-health [--addr HOST:PORT] [--service NAME] [--timeout-ms MS] [--tls-ca FILE]\n\
     \x20      raftmq-health --addr HOST:PORT --http PATH [--timeout-ms MS]\n\
     Checks grpc.health.v1 on a raftmq server (or GET PATH answers 200, for the web console);\n\
     exit 0 when SERVING, 1 otherwise.\n\
@@ -32,6 +35,8 @@ struct Args {
     timeout: Duration,
     /// GET this path over HTTP/1.1 instead of the gRPC check.
     http: Option<String>,
+    /// Speak TLS, trusting this CA bundle (PEM).
+    tls_ca: Option<String>,
 }
 
 /// `Ok(None)` means `--help` was asked for.
@@ -41,6 +46,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
         service: String::new(),
         timeout: Duration::from_millis(2_000),
         http: None,
+        tls_ca: std::env::var("RAFTMQ_TLS_CA")
+            .ok()
+            .filter(|v| !v.is_empty()),
     };
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -61,6 +69,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, St
         match flag.as_str() {
             "--addr" => parsed.addr = value()?,
             "--service" => parsed.service = value()?,
+            "--tls-ca" => parsed.tls_ca = Some(value()?),
             "--http" => {
                 let path = value()?;
                 if !path.starts_with('/') {
@@ -109,15 +118,27 @@ async fn check(args: &Args) -> Result<(), String> {
     if let Some(path) = &args.http {
         return check_http(&args.addr, path).await;
     }
+    let scheme = if args.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let uri = if args.addr.contains("://") {
         args.addr.clone()
     } else {
-        format!("http://{}", args.addr)
+        format!("{scheme}://{}", args.addr)
     };
-    let endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
-        .map_err(|e| format!("bad address {:?}: {e}", args.addr))?
-        .connect_timeout(args.timeout)
-        .timeout(args.timeout);
+    let mut endpoint = tonic::transport::Endpoint::from_shared(uri.clone())
+        .map_err(|e| format!("bad address {:?}: {e}", args.addr))?;
+    if let Some(ca) = &args.tls_ca {
+        let pem = std::fs::read(ca).map_err(|e| format!("cannot read --tls-ca {ca}: {e}"))?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("TLS config: {}", chain(&e)))?;
+    }
+    let endpoint = endpoint.connect_timeout(args.timeout).timeout(args.timeout);
     let channel = endpoint
         .connect()
         .await

@@ -8,11 +8,12 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::{LeaderCmd, NodeCmd};
+use crate::connect::Target;
 use crate::output::json_line;
 
-pub async fn leader(nameserver: &str, json: bool, cmd: LeaderCmd) -> Result<()> {
+pub async fn leader(target: &Target, json: bool, cmd: LeaderCmd) -> Result<()> {
     let LeaderCmd::Transfer { broker, to } = cmd;
-    let admin = Admin::connect(nameserver)?;
+    let admin = target.admin()?;
     let started = Instant::now();
     admin.transfer_leader(&broker, to).await?;
     let ms = started.elapsed().as_millis();
@@ -24,8 +25,8 @@ pub async fn leader(nameserver: &str, json: bool, cmd: LeaderCmd) -> Result<()> 
     Ok(())
 }
 
-pub async fn node(nameserver: &str, json: bool, cmd: NodeCmd) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn node(target: &Target, json: bool, cmd: NodeCmd) -> Result<()> {
+    let admin = target.admin()?;
     match cmd {
         NodeCmd::Status { node, broker } => {
             let v = crate::commands::node_status::status_value(&admin, &node, broker.as_deref())

@@ -14,12 +14,16 @@ use tokio::time::Instant;
 
 use crate::args::{BenchCmd, BenchTarget};
 use crate::commands::produce::generated_body;
+use crate::connect::Target;
 use crate::load::{Load, verify};
 use crate::local_cluster::{LocalCluster, LocalClusterOptions};
 use crate::output::{json_line, table};
 use crate::stats::{CpuTimes, LatencySummary, summarize, throughput};
 
-pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
+/// The cluster of `--nameserver` with the security options, made when a bench uses it.
+pub type Remote<'a> = &'a dyn Fn() -> Result<Target>;
+
+pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Produce {
             target,
@@ -27,7 +31,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             size,
             shape,
         } => {
-            let (_cluster, ns) = setup(nameserver, &target).await?;
+            let (_cluster, ns) = setup(remote, &target).await?;
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
             if json {
@@ -76,7 +80,7 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             group,
             timeout_ms,
         } => {
-            let (_cluster, ns) = setup(nameserver, &target).await?;
+            let (_cluster, ns) = setup(remote, &target).await?;
             if target.local {
                 eprintln!("producing {count} messages first");
                 let shape = ProduceShape {
@@ -97,9 +101,9 @@ pub async fn run(nameserver: &str, json: bool, cmd: BenchCmd) -> Result<()> {
             )
             .await
         }
-        BenchCmd::Pop(args) => crate::commands::bench_pop::run(nameserver, json, args).await,
-        BenchCmd::Lookup(args) => crate::commands::bench_lookup::run(nameserver, json, args).await,
-        BenchCmd::Delay(args) => crate::commands::bench_delay::run(nameserver, json, args).await,
+        BenchCmd::Pop(args) => crate::commands::bench_pop::run(remote, json, args).await,
+        BenchCmd::Lookup(args) => crate::commands::bench_lookup::run(remote, json, args).await,
+        BenchCmd::Delay(args) => crate::commands::bench_delay::run(remote, json, args).await,
         BenchCmd::Failover {
             kills,
             senders,
@@ -154,20 +158,21 @@ pub(crate) fn steal_line(pct: f64) -> String {
     format!("cpu steal during the run: {pct:.1}% of this machine's CPU time{note}")
 }
 
-/// A local cluster when asked, and the topic (created when missing).
+/// A local cluster when asked (plaintext), else the cluster of `--nameserver` (with the security
+/// options); and the topic (created when missing).
 pub(crate) async fn setup(
-    nameserver: &str,
+    remote: Remote<'_>,
     target: &BenchTarget,
-) -> Result<(Option<LocalCluster>, String)> {
+) -> Result<(Option<LocalCluster>, Target)> {
     let (cluster, ns) = if target.local {
         eprintln!("starting a local cluster");
         let c = LocalCluster::start(LocalClusterOptions::default()).await?;
-        let ns = c.nameserver.clone();
+        let ns = Target::plaintext(&c.nameserver);
         (Some(c), ns)
     } else {
-        (None, nameserver.to_string())
+        (None, remote()?)
     };
-    let admin = Admin::connect(&ns)?;
+    let admin = ns.admin()?;
     match admin.route(&target.topic).await {
         Ok(_) => {}
         Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {
@@ -227,7 +232,7 @@ pub struct ProduceShape {
 pub(crate) const CLIENT_ID_PROPERTY: &str = raftmq_rocketmq_v2::convert::P_MSGID;
 
 pub(crate) async fn produce(
-    ns: &str,
+    ns: &Target,
     topic: &str,
     count: u64,
     size: usize,
@@ -235,7 +240,7 @@ pub(crate) async fn produce(
     progress: bool,
 ) -> Result<ProduceRun> {
     let inflight = shape.inflight;
-    let mut builder = Producer::builder(ns).linger(Duration::from_millis(shape.linger_ms));
+    let mut builder = ns.producer().linger(Duration::from_millis(shape.linger_ms));
     if let Some(n) = shape.inflight_batches {
         builder = builder.inflight_batches(n);
     }
@@ -314,7 +319,7 @@ pub(crate) async fn produce(
 }
 
 async fn consume(
-    ns: &str,
+    ns: &Target,
     json: bool,
     topic: &str,
     group: &str,
@@ -327,7 +332,8 @@ async fn consume(
     // messages that had arrived before it.
     let started = Instant::now();
     let steal = StealMeter::start();
-    let mut consumer = Consumer::builder(ns, group, topic)
+    let mut consumer = ns
+        .consumer(group, topic)
         .start_from(StartFrom::Earliest)
         .build()?;
     let timeout = Duration::from_millis(timeout_ms);
@@ -342,7 +348,7 @@ async fn consume(
     // messages produced while the consumer reads (at most 16 awaiting acknowledgement).
     let live = if backlog && drain.n >= count {
         let n = (count / 10).clamp(1_000, 20_000);
-        let (ns, topic) = (ns.to_string(), topic.to_string());
+        let (ns, topic) = (ns.clone(), topic.to_string());
         let shape = ProduceShape {
             inflight: 16,
             ..Default::default()
@@ -511,12 +517,12 @@ struct KillResult {
 async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: bool) -> Result<()> {
     eprintln!("starting a local cluster");
     let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
-    let ns = cluster.nameserver.clone();
-    let admin = Admin::connect(&ns)?;
+    let ns = Target::plaintext(&cluster.nameserver);
+    let admin = ns.admin()?;
     let topic = "failover";
     admin.create_topic(topic, 4, None).await?;
     let producer = Arc::new(
-        Producer::builder(&ns)
+        ns.producer()
             .send_timeout(Duration::from_secs(30))
             .build()?,
     );

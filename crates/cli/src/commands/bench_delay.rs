@@ -11,13 +11,13 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use raftmq_client::{Admin, Consumer, Message, Producer, StartFrom};
+use raftmq_client::{Message, StartFrom};
 use raftmq_proto::v1::TopicMessageType;
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, StealMeter, produce, setup, steal_line};
+use crate::commands::bench::{ProduceShape, Remote, StealMeter, produce, setup, steal_line};
 use crate::output::{json_line, table};
 
 #[derive(Debug, clap::Args)]
@@ -54,14 +54,14 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-pub async fn run(nameserver: &str, json: bool, a: DelayBenchArgs) -> Result<()> {
+pub async fn run(remote: Remote<'_>, json: bool, a: DelayBenchArgs) -> Result<()> {
     if a.count == 0 || a.window_secs == 0 {
         bail!("--count and --window-secs must be at least 1");
     }
     // The load goes to the target topic (NORMAL); the scheduled messages to `<topic>-delay`.
-    let (cluster, ns) = setup(nameserver, &a.target).await?;
+    let (cluster, ns) = setup(remote, &a.target).await?;
     let delay_topic = format!("{}-delay", a.target.topic);
-    let admin = Admin::connect(&ns)?;
+    let admin = ns.admin()?;
     if admin.route(&delay_topic).await.is_err() {
         admin
             .create_topic_typed(&delay_topic, a.target.queues, None, TopicMessageType::Delay)
@@ -73,7 +73,7 @@ pub async fn run(nameserver: &str, json: bool, a: DelayBenchArgs) -> Result<()> 
         "scheduling {} messages of {} B, due evenly over {} s from {} s from now",
         a.count, a.size, a.window_secs, a.lead_secs
     );
-    let producer = Producer::builder(&ns).build()?;
+    let producer = ns.producer().build()?;
     let t0 = Instant::now();
     let mut pending = FuturesUnordered::new();
     let mut failed = 0u64;
@@ -128,7 +128,8 @@ pub async fn run(nameserver: &str, json: bool, a: DelayBenchArgs) -> Result<()> 
         })
     });
 
-    let mut consumer = Consumer::builder(&ns, &format!("bench-delay-{}", now_ms()), &delay_topic)
+    let mut consumer = ns
+        .consumer(&format!("bench-delay-{}", now_ms()), &delay_topic)
         .start_from(StartFrom::Earliest)
         .build()?;
     let (mut stored_late, mut received_late) = (Vec::new(), Vec::new());

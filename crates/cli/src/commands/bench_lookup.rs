@@ -6,13 +6,12 @@
 //! stored, per million messages.
 
 use anyhow::{Result, bail};
-use raftmq_client::Admin;
 use raftmq_proto::v1::find_messages_request::By;
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, produce, setup, steal_line};
+use crate::commands::bench::{ProduceShape, Remote, produce, setup, steal_line};
 use crate::output::{json_line, table};
 use crate::stats::{CpuTimes, summarize};
 
@@ -50,11 +49,11 @@ fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
-pub async fn run(nameserver: &str, json: bool, a: LookupBenchArgs) -> Result<()> {
+pub async fn run(remote: Remote<'_>, json: bool, a: LookupBenchArgs) -> Result<()> {
     if a.per_key == 0 || a.count == 0 {
         bail!("--count and --per-key must be at least 1");
     }
-    let (cluster, ns) = setup(nameserver, &a.target).await?;
+    let (cluster, ns) = setup(remote, &a.target).await?;
     let rss = || -> Vec<Option<u64>> {
         cluster.as_ref().map_or_else(Vec::new, |c| {
             (1..=3).map(|id| c.pid(id).and_then(rss_bytes)).collect()
@@ -87,7 +86,7 @@ pub async fn run(nameserver: &str, json: bool, a: LookupBenchArgs) -> Result<()>
     }
     let rss_after = rss();
 
-    let admin = Admin::connect(&ns)?;
+    let admin = ns.admin()?;
     let steal = CpuTimes::read();
     let (mut by_id, mut by_key) = (Vec::new(), Vec::new());
     let mut wrong = 0u32;

@@ -22,17 +22,17 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use raftmq_client::{Admin, ErrorCode};
+use raftmq_client::{Conn, ErrorCode};
 use raftmq_proto::v1::{GroupConfig, TopicMessageType};
 use raftmq_rocketmq_v2::pb;
 use raftmq_rocketmq_v2::pb::messaging_service_client::MessagingServiceClient;
 use serde_json::json;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, StealMeter, setup, steal_line};
+use crate::commands::bench::{ProduceShape, Remote, StealMeter, setup, steal_line};
 use crate::commands::produce::generated_body;
+use crate::connect::Target;
 use crate::output::{json_line, table};
 use crate::stats::{LatencySummary, summarize, throughput};
 
@@ -74,14 +74,29 @@ struct Phase {
     latency: LatencySummary,
 }
 
-fn v2_client(addr: &str) -> Result<MessagingServiceClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .with_context(|| format!("node address {addr:?}"))?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .connect_lazy();
-    Ok(MessagingServiceClient::new(ch).max_decoding_message_size(64 << 20))
+/// The nodes the v2 calls go to, reached as every other connection of the run (TLS and signed
+/// requests when the cluster asks for them: the RocketMQ 5 front checks the same signatures).
+struct V2Nodes {
+    target: Target,
+    addresses: Vec<String>,
+}
+
+impl V2Nodes {
+    fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    /// A client of node `i` (modulo their number).
+    fn client(&self, i: usize) -> Result<MessagingServiceClient<Conn>> {
+        let ch = self
+            .target
+            .channel(&self.addresses[i % self.addresses.len()], |e| {
+                e.connect_timeout(Duration::from_secs(1))
+                    .timeout(Duration::from_secs(30))
+                    .tcp_nodelay(true)
+            })?;
+        Ok(MessagingServiceClient::new(ch).max_decoding_message_size(64 << 20))
+    }
 }
 
 fn with_client_id<T>(msg: T, id: &str) -> tonic::Request<T> {
@@ -131,7 +146,7 @@ fn progress(what: &'static str, done: Arc<AtomicU64>, total: u64) -> tokio::task
 /// Makes call `n` on a client; `Err` carries why it failed.
 type Call = Box<
     dyn Fn(
-        MessagingServiceClient<Channel>,
+        MessagingServiceClient<Conn>,
         u64,
     ) -> futures::future::BoxFuture<'static, std::result::Result<(), String>>,
 >;
@@ -139,12 +154,14 @@ type Call = Box<
 /// `count` calls made by `call`, `inflight` at once, spread over every node in turn.
 async fn call_loop(
     name: &'static str,
-    nodes: &[String],
+    nodes: &V2Nodes,
     count: u64,
     inflight: usize,
     call: Call,
 ) -> Result<Phase> {
-    let clients: Vec<_> = nodes.iter().map(|a| v2_client(a)).collect::<Result<_>>()?;
+    let clients: Vec<_> = (0..nodes.len())
+        .map(|i| nodes.client(i))
+        .collect::<Result<_>>()?;
     let done = Arc::new(AtomicU64::new(0));
     let ticker = progress(name, done.clone(), count);
     let mut pending = FuturesUnordered::new();
@@ -202,7 +219,7 @@ fn reply_status(
 
 /// `count` sends of one message; FIFO messages over `fifo_groups` message groups when not 0.
 async fn v2_send(
-    nodes: &[String],
+    nodes: &V2Nodes,
     topic: &str,
     (count, size, inflight): (u64, usize, usize),
     fifo_groups: u64,
@@ -246,7 +263,7 @@ async fn v2_send(
 
 /// The same number of calls that do nothing (Heartbeat): what one call per message costs on this
 /// machine, the ceiling of a client that sends one message per call.
-async fn v2_noop(nodes: &[String], count: u64, inflight: usize) -> Result<Phase> {
+async fn v2_noop(nodes: &V2Nodes, count: u64, inflight: usize) -> Result<Phase> {
     let call: Call = Box::new(|mut c, _| {
         Box::pin(async move {
             let req = with_client_id(
@@ -263,7 +280,7 @@ async fn v2_noop(nodes: &[String], count: u64, inflight: usize) -> Result<Phase>
 }
 
 async fn v2_receive_ack(
-    nodes: &[String],
+    nodes: &V2Nodes,
     (topic, group): (&str, &str),
     args: &PopBenchArgs,
     total: u64,
@@ -276,7 +293,7 @@ async fn v2_receive_ack(
     let idle = Duration::from_millis(args.timeout_ms);
     let mut tasks = Vec::new();
     for i in 0..args.consumers.max(1) {
-        let mut c = v2_client(&nodes[i % nodes.len()])?;
+        let mut c = nodes.client(i)?;
         let (done, failed, last) = (done.clone(), failed.clone(), last_progress.clone());
         let (group, topic, batch) = (group.to_string(), topic.to_string(), args.batch);
         let client_id = format!("bench-consumer-{i}");
@@ -379,17 +396,20 @@ async fn v2_receive_ack(
     })
 }
 
-pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()> {
-    let (_cluster, ns) = setup(nameserver, &args.target).await?;
+pub async fn run(remote: Remote<'_>, json: bool, args: PopBenchArgs) -> Result<()> {
+    let (_cluster, ns) = setup(remote, &args.target).await?;
     let topic = args.target.topic.clone();
-    let admin = Admin::connect(&ns)?;
+    let admin = ns.admin()?;
     let route = admin.route(&topic).await?;
-    let nodes: Vec<String> = route
-        .brokers
-        .iter()
-        .flat_map(|b| b.nodes.iter().map(|n| n.address.clone()))
-        .collect();
-    if nodes.is_empty() {
+    let nodes = V2Nodes {
+        addresses: route
+            .brokers
+            .iter()
+            .flat_map(|b| b.nodes.iter().map(|n| n.address.clone()))
+            .collect(),
+        target: ns.clone(),
+    };
+    if nodes.addresses.is_empty() {
         bail!("the route of {topic} lists no node");
     }
     let steal = StealMeter::start();
@@ -530,8 +550,8 @@ pub async fn run(nameserver: &str, json: bool, args: PopBenchArgs) -> Result<()>
 
 /// The normal run: v1 produce, v2 send, v2 no-op calls, then v2 receive + ack of both sends.
 async fn normal_phases(
-    ns: &str,
-    nodes: &[String],
+    ns: &Target,
+    nodes: &V2Nodes,
     (topic, group): (&str, &str),
     args: &PopBenchArgs,
 ) -> Result<Vec<Phase>> {

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use raftmq_client::{Admin, NodeStatusResponse, Producer};
+use raftmq_client::{Admin, NodeStatusResponse};
 use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::CatchupMode;
 use crate::commands::bench::{ProduceShape, StealMeter, live_leader, produce, steal_line};
+use crate::connect::Target;
 use crate::load::Load;
 use crate::local_cluster::{LocalCluster, LocalClusterOptions};
 use crate::output::{json_line, table};
@@ -69,8 +70,8 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
     let mode = args.mode.as_str();
     eprintln!("starting a local cluster");
     let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
-    let ns = cluster.nameserver.clone();
-    let admin = Admin::connect(&ns)?;
+    let ns = Target::plaintext(&cluster.nameserver);
+    let admin = ns.admin()?;
     let topic = "bench";
     admin
         .create_topic(topic, 8, None)
@@ -88,7 +89,7 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
         .context("no follower")?;
     let data_dir = cluster.data_dir(follower);
 
-    let load_producer = Arc::new(Producer::builder(&ns).build()?);
+    let load_producer = Arc::new(ns.producer().build()?);
     let load = args.load.then(|| {
         Load::start(
             load_producer.clone(),

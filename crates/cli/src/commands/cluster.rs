@@ -4,14 +4,14 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use anyhow::Result;
-use raftmq_client::Admin;
 use tokio::time::Instant;
 
+use crate::connect::Target;
 use crate::output::{StatusJson, json_line, status_table};
 use crate::signals::interrupted;
 
-pub async fn status(nameserver: &str, json: bool, watch: bool) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn status(target: &Target, json: bool, watch: bool) -> Result<()> {
+    let admin = target.admin()?;
     if !watch {
         let s = admin.cluster_status().await?;
         if json {
@@ -37,7 +37,7 @@ pub async fn status(nameserver: &str, json: bool, watch: bool) -> Result<()> {
                     out,
                     "raftmq cluster status  {}  (nameserver {}; every 1 s, Ctrl-C to stop)\n",
                     clock(),
-                    nameserver
+                    target.nameserver
                 )?;
                 write!(out, "{}", status_table(s))?;
                 if !redraw {

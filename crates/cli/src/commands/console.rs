@@ -62,8 +62,9 @@ const APP_JS: &str = include_str!("console/app.js");
 const STYLE_CSS: &str = include_str!("console/style.css");
 
 /// Serves the console on `args.listen` until the process is interrupted.
-pub async fn run(nameserver: &str, args: ConsoleArgs) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn run(target: &crate::connect::Target, args: ConsoleArgs) -> Result<()> {
+    let admin = target.admin()?;
+    let nameserver = &target.nameserver;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

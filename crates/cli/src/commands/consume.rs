@@ -7,19 +7,21 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::Result;
-use raftmq_client::{Consumer, StartFrom};
+use raftmq_client::StartFrom;
 use tokio::time::Instant;
 
 use crate::args::{ConsumeArgs, From};
+use crate::connect::Target;
 use crate::output::{ConsumedJson, json_line};
 use crate::signals::interrupted;
 
-pub async fn run(nameserver: &str, json: bool, args: ConsumeArgs) -> Result<()> {
+pub async fn run(target: &Target, json: bool, args: ConsumeArgs) -> Result<()> {
     let start = match args.from {
         From::Earliest => StartFrom::Earliest,
         From::Latest => StartFrom::Latest,
     };
-    let mut consumer = Consumer::builder(nameserver, &args.group, &args.topic)
+    let mut consumer = target
+        .consumer(&args.group, &args.topic)
         .start_from(start)
         .build()?;
     let idle = Duration::from_millis(args.timeout_ms);

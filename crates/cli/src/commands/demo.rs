@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::args::DemoArgs;
 use crate::commands::bench::live_leader;
+use crate::connect::Target;
 use crate::load::{Load, verify};
 use crate::local_cluster::{LocalCluster, LocalClusterOptions};
 use crate::output::{status_table, table};
@@ -110,7 +111,13 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     ));
     n.say("reading everything back with a fresh consumer group");
     let acked: HashSet<String> = log.acks.iter().map(|a| a.body.clone()).collect();
-    let report = verify(&ns, TOPIC, &acked, Duration::from_secs(10)).await?;
+    let report = verify(
+        &Target::plaintext(&ns),
+        TOPIC,
+        &acked,
+        Duration::from_secs(10),
+    )
+    .await?;
 
     let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
     let rows = vec![

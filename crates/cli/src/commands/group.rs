@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::args::{GroupArgs, GroupCmd};
 use crate::output::{age_ms, cell, each_queue, json_line, table, time_ms};
 
-pub async fn run(nameserver: &str, json: bool, cmd: GroupCmd) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn run(target: &crate::connect::Target, json: bool, cmd: GroupCmd) -> Result<()> {
+    let admin = target.admin()?;
     match cmd {
         GroupCmd::Create { name, config } => apply(&admin, json, name, config, false).await?,
         GroupCmd::Update { name, config } => apply(&admin, json, name, config, true).await?,

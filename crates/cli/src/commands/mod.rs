@@ -6,6 +6,7 @@ pub mod bench_delay;
 pub mod bench_lookup;
 pub mod bench_pop;
 pub mod catchup;
+pub mod cert;
 pub mod cluster;
 pub mod console;
 pub mod consume;

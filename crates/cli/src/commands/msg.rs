@@ -94,8 +94,8 @@ pub fn parse_time(flag: &str, s: &str) -> Result<u64> {
     }
 }
 
-pub async fn run(nameserver: &str, json: bool, cmd: MsgCmd) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn run(target: &crate::connect::Target, json: bool, cmd: MsgCmd) -> Result<()> {
+    let admin = target.admin()?;
     let (topic, found) = match cmd {
         MsgCmd::Recall { topic, id } => {
             let (broker, at) = admin.recall(&topic, &id).await?;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use raftmq_client::{Message, Producer};
+use raftmq_client::Message;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -84,9 +84,10 @@ impl Schedule {
     }
 }
 
-pub async fn run(nameserver: &str, json: bool, args: ProduceArgs) -> Result<()> {
+pub async fn run(target: &crate::connect::Target, json: bool, args: ProduceArgs) -> Result<()> {
     let schedule = Schedule::from_args(&args)?;
-    let producer = Producer::builder(nameserver)
+    let producer = target
+        .producer()
         .send_timeout(Duration::from_millis(args.timeout_ms))
         .build()?;
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(1024);

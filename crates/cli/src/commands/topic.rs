@@ -6,10 +6,11 @@ use raftmq_client::{Admin, TopicInfo};
 use serde_json::{Value, json};
 
 use crate::args::TopicCmd;
+use crate::connect::Target;
 use crate::output::{RouteJson, cell, each_queue, json_line, table, time_ms};
 
-pub async fn run(nameserver: &str, json: bool, cmd: TopicCmd) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn run(target: &Target, json: bool, cmd: TopicCmd) -> Result<()> {
+    let admin = target.admin()?;
     match cmd {
         TopicCmd::Create {
             name,

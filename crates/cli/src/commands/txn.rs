@@ -6,10 +6,11 @@ use raftmq_client::Admin;
 use serde_json::{Map, Value, json};
 
 use crate::args::TxnCmd;
+use crate::connect::Target;
 use crate::output::{body_field, json_line, table, time_ms};
 
-pub async fn run(nameserver: &str, json: bool, cmd: TxnCmd) -> Result<()> {
-    let admin = Admin::connect(nameserver)?;
+pub async fn run(target: &Target, json: bool, cmd: TxnCmd) -> Result<()> {
+    let admin = target.admin()?;
     let (topic, id, commit) = match cmd {
         TxnCmd::List { topic, limit } => return list(&admin, json, &topic, limit).await,
         TxnCmd::Commit { topic, id } => (topic, id, true),

@@ -22,6 +22,10 @@ pub const ADMIN_KEY: &str = "admin";
 /// Its secret (8 characters or more, as the config requires).
 pub const ADMIN_SECRET: &str = "admin-secret-for-tests";
 
+/// Users the nameserver of every secure test cluster lets read routes (its `[[users]]`): the
+/// brokers learn them by `PutUser` in each test.
+pub const READERS: [(&str, &str); 2] = [("alice", "alice-secret"), ("bob", "bob-secret-1")];
+
 /// A channel that signs every request with the credentials it was made with (or none).
 pub type Conn = InterceptedService<Channel, Signer>;
 
@@ -104,11 +108,19 @@ impl Cluster {
         let certs = dir.path().join("certs");
         make_certs(&certs, &[("broker-a", n), ("broker-b", 1)]);
         let path = |f: &str| certs.join(f).display().to_string();
+        let ns_config = dir.path().join("nameserver.toml");
+        let users: String = READERS
+            .iter()
+            .map(|(ak, sk)| format!("[[users]]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n"))
+            .collect();
+        std::fs::write(&ns_config, users).unwrap();
         let mut broker_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         broker_args.extend(["--tls-ca".into(), path("ca.pem"), "--auth".into()]);
         let opts = Cluster::options(n, &[], &[("RAFTMQ_ADMIN_SECRET_KEY", ADMIN_SECRET)])
             .broker_args(&broker_args)
             .nameserver_args([
+                "--config",
+                &ns_config.display().to_string(),
                 "--tls-ca",
                 &path("ca.pem"),
                 "--tls-cert",

@@ -13,6 +13,8 @@ Output: {"sent": [ids], "received": [ids], "acked": n, "wrong_secret": error|nul
 object (its text holds the status the server answered); null means the call succeeded.
 """
 
+import os
+
 import common
 from rocketmq import ClientConfiguration, Credentials, Producer, SimpleConsumer
 
@@ -31,9 +33,24 @@ def try_send(args, ak, sk, where, errors):
         producer.send(msg)
         return None
     except Exception as e:  # noqa: BLE001
-        return common.error_json(e, where)
+        err = common.error_json(e, where)
+        # A refused QueryRoute surfaces as "failed to fetch ... route"; the status the server
+        # answered is in the client's log.
+        err["log"] = status_lines()
+        return err
     finally:
         common.shutdown_quietly(producer, errors, f"{where} shutdown")
+
+
+def status_lines():
+    """The client log's lines that carry a refusal status (40100 / 40300), last 5."""
+    path = os.path.expanduser("~/logs/rocketmq_python/rocketmq_client.log")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln.strip() for ln in f if "40100" in ln or "40300" in ln]
+    except OSError:
+        return []
+    return lines[-5:]
 
 
 def main():

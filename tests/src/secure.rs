@@ -37,6 +37,8 @@ pub struct Secure {
     pub tls: Arc<Tls>,
     /// The bootstrap admin.
     pub admin: Credentials,
+    /// Each node's plaintext health and metrics listener (`--health-listen`), by node id.
+    pub health: std::collections::BTreeMap<u64, String>,
 }
 
 impl Secure {
@@ -133,7 +135,9 @@ impl Cluster {
             ])
             .dir(dir.path());
         let mut local = LocalCluster::create(opts).unwrap_or_else(|e| panic!("{e:#}"));
+        let mut health = std::collections::BTreeMap::new();
         for id in 1..=n {
+            let h = format!("127.0.0.1:{}", crate::free_port());
             local
                 .set_node_args(
                     id,
@@ -142,9 +146,12 @@ impl Cluster {
                         path(&format!("broker-a-{id}.pem")),
                         "--tls-key".to_string(),
                         path(&format!("broker-a-{id}.key")),
+                        "--health-listen".to_string(),
+                        h.clone(),
                     ],
                 )
                 .unwrap();
+            health.insert(id, h);
         }
         local.launch().unwrap_or_else(|e| panic!("{e:#}"));
         let tls = Tls::load(TlsFiles {
@@ -160,6 +167,7 @@ impl Cluster {
                 access_key: ADMIN_KEY.into(),
                 secret: ADMIN_SECRET.into(),
             },
+            health,
         };
         let c = Cluster {
             local,

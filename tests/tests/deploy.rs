@@ -480,7 +480,12 @@ impl Project {
                 .iter()
                 .map(|s| format!("{s}={}", self.health(s)))
                 .collect();
-            if states.iter().all(|s| s.ends_with("=running/healthy")) {
+            // The secure file's one-shot `certs` service is done when it has exited (its exit
+            // code gates the others through `service_completed_successfully`).
+            if states
+                .iter()
+                .all(|s| s.ends_with("=running/healthy") || s == "certs=exited/")
+            {
                 Ok(())
             } else {
                 Err(states.join(" "))
@@ -1184,6 +1189,61 @@ fn deploy_produce_and_consume_through_compose_network() {
             .filter(|c| acked.iter().any(|a| a.msg_id == c.ack.msg_id))
             .all(|c| c.body.as_ref().is_some_and(|b| b.len() == 100)),
         "generated bodies are 100 bytes"
+    );
+}
+
+/// deploy/docker-compose.secure.yml over the base file: certificates made by the one-shot `certs`
+/// service, TLS on every port, auth on. The CLI inside ns1's container (which trusts the CA and
+/// signs as the admin through its environment) produces and consumes; without the credentials it
+/// is refused as unauthenticated, and without TLS it cannot talk at all.
+#[test]
+fn deploy_secure_compose_tls_and_auth() {
+    let _serial = serial();
+    let Some(env) = docker_env() else { return };
+    let (project, _) = Project::up(
+        &env,
+        "sec",
+        &[
+            "deploy/docker-compose.yml",
+            "deploy/docker-compose.secure.yml",
+        ],
+    );
+    project.wait_leader("broker-a", 3, None);
+    project.create_topic("deploy-sec", 2);
+    let acked = project.produce("deploy-sec", 200, 100);
+    let consumed = project.consume("deploy-sec", "deploy-sec-g", Some(200));
+    assert_eq!(consumed.len(), 200);
+    assert_all_consumed(&acked, &consumed);
+    let ns1 = project.id("ns1");
+    let exec = |env: &[&str], args: &[&str]| {
+        let mut cmd = Command::new("docker");
+        cmd.arg("exec");
+        for e in env {
+            cmd.args(["-e", e]);
+        }
+        cmd.args([ns1.as_str(), "raftmq", "--nameserver", NAMESERVERS])
+            .args(args);
+        run(&mut cmd, COMMAND_TIMEOUT)
+    };
+    let unsigned = exec(
+        &["RAFTMQ_ACCESS_KEY=", "RAFTMQ_SECRET_KEY="],
+        &["topic", "list", "--json"],
+    );
+    assert!(
+        !unsigned.ok(),
+        "an unsigned topic list was answered: {}",
+        unsigned.stdout
+    );
+    assert!(
+        unsigned.stderr.to_lowercase().contains("unauthenticated"),
+        "{}",
+        unsigned.stderr
+    );
+    let plaintext = exec(&["RAFTMQ_TLS_CA="], &["topic", "list", "--json"]);
+    assert!(
+        !plaintext.ok(),
+        "a plaintext topic list was answered: {}",
+        plaintext.stdout
     );
 }
 

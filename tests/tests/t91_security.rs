@@ -446,6 +446,24 @@ async fn t91_2_strangers_on_the_peer_path_are_refused_and_the_log_is_unchanged()
             r.error
         );
     }
+    // The plaintext health listener serves health and /metrics, and nothing else.
+    for (id, h) in &s.health {
+        let ch = Endpoint::from_shared(format!("http://{h}"))
+            .unwrap()
+            .connect_lazy();
+        let st = tonic_health_check(ch.clone()).await;
+        assert_eq!(st, Some(1), "node {id}: health on {h}");
+        let page = raftmq_tests::metrics(h).await;
+        assert!(
+            page.contains("raftmq_"),
+            "node {id}: /metrics on {h}: {page:.200}"
+        );
+        let st = broker_service_client::BrokerServiceClient::new(ch)
+            .send(send_request(9, 1, TOPIC, 0, vec![b"x".to_vec()]))
+            .await
+            .expect_err("the health port served a send");
+        assert_eq!(st.code(), tonic::Code::Unimplemented, "node {id}: {st:?}");
+    }
     // The group did not move: same leader, same term, the log holds exactly what was acked.
     let after = c.status(leader).await.unwrap();
     assert_eq!((after.role.as_str(), after.term), ("leader", before.term));
@@ -687,4 +705,16 @@ async fn t91_4_the_official_python_client_signs_and_speaks_tls() {
     );
     // Only alice's 20 were stored.
     assert_eq!(stored(&c, TOPIC).await, 20);
+}
+
+/// grpc.health.v1 Check ("" = the whole server) over `ch`: the serving status number (1 =
+/// SERVING), or None when it did not answer.
+async fn tonic_health_check(ch: tonic::transport::Channel) -> Option<i32> {
+    let r = tonic_health::pb::health_client::HealthClient::new(ch)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .ok()?;
+    Some(r.into_inner().status)
 }

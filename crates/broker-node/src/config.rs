@@ -213,6 +213,10 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// How often the TLS files are looked at for a change (rotation without a restart).
     pub tls_reload_ms: u64,
+    /// A second, plaintext listener serving only gRPC health and `/metrics` (no data, no
+    /// writes): for probes and scrapers that cannot present TLS (the kubelet's gRPC probes).
+    /// Unset: none; both stay on the main port.
+    pub health_listen: Option<SocketAddr>,
     /// Requests must be signed by a user (MQv2-HMAC-SHA1) and allowed by the user's rules.
     pub auth: bool,
     /// The bootstrap admin (RocketMQ's initial authentication user): always an admin, on every
@@ -252,6 +256,7 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             tls_reload_ms: 5_000,
+            health_listen: None,
             auth: false,
             admin_access_key: "admin".into(),
             admin_secret_key: Secret::default(),
@@ -595,6 +600,9 @@ pub struct Args {
     /// This node's private key (PEM).
     #[arg(long, env = "RAFTMQ_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// A plaintext listener for gRPC health and /metrics only (probes that cannot speak TLS).
+    #[arg(long, env = "RAFTMQ_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     /// Require signed requests and check each user's rules.
     #[arg(long, env = "RAFTMQ_AUTH")]
     pub auth: bool,
@@ -633,6 +641,7 @@ impl Args {
         set(&mut c.tls_ca, self.tls_ca.map(Some));
         set(&mut c.tls_cert, self.tls_cert.map(Some));
         set(&mut c.tls_key, self.tls_key.map(Some));
+        set(&mut c.health_listen, self.health_listen.map(Some));
         c.auth |= self.auth;
         set(&mut c.admin_access_key, self.admin_access_key);
         set(&mut c.admin_secret_key, self.admin_secret_key.map(Secret));

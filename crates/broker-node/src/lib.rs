@@ -142,21 +142,13 @@ pub async fn serve(
     ))
     .add_service(InterceptedService::new(rocketmq_v2, gate.clone()))
     .add_service(peer_service)
-    .add_service(health_service)
+    .add_service(health_service.clone())
     .add_service(reflection)
     .into_axum_router()
-    .route(
-        "/metrics",
-        get(|| async {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "text/plain; version=0.0.4",
-                )],
-                metrics::render(),
-            )
-        }),
-    );
+    .route("/metrics", get(metrics_page));
+    if let Some(addr) = node.cfg.health_listen {
+        spawn_health_listener(addr, health_service).await?;
+    }
     // A graceful stop hands leadership over first, while this node still serves (forwarding,
     // replies to sends in flight). Then the server stops taking calls and gets a short grace for
     // the ones under way: streams that never end on their own (a new leader's append stream to
@@ -203,6 +195,44 @@ pub async fn serve(
         } => tracing::info!("calls still open after the stop grace; closing them"),
     }
     node.member.shutdown().await;
+    Ok(())
+}
+
+async fn metrics_page() -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        metrics::render(),
+    )
+}
+
+/// Serves gRPC health and `/metrics` in plaintext on `addr` (`health_listen`): what a probe or a
+/// scraper without a client certificate needs, and nothing else (no data, no writes).
+async fn spawn_health_listener(
+    addr: std::net::SocketAddr,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (health_listen)"))?;
+    let router = Routes::new(health)
+        .into_axum_router()
+        .route("/metrics", get(metrics_page));
+    tracing::info!("health and /metrics (plaintext) on {addr}");
+    tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .accept_http1(true)
+            .add_routes(Routes::from(router))
+            .serve_with_incoming(raftmq_raft_log::network::incoming_nodelay(listener))
+            .await;
+        if let Err(e) = served {
+            tracing::error!("health listener stopped: {e}");
+        }
+    });
     Ok(())
 }
 

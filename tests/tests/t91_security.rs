@@ -113,46 +113,10 @@ async fn send_with_headers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t91_1_signed_requests_and_per_user_rules() {
-    let mut c = Cluster::start_secure(3, &["--register-interval-ms", "500"]).await;
-    c.wait_feature_levels(Duration::from_secs(20))
-        .await
-        .unwrap();
+    let mut c = secure_cluster_with_users().await;
     let s = c.secure();
     let leader = c.leader().await;
     let addr = c.nodes[&leader].addr.clone();
-    // The admin creates the topic.
-    let r = s
-        .client(&addr, Some(&s.admin))
-        .create_topic(CreateTopicRequest {
-            name: TOPIC.into(),
-            queues: 2,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
-    // alice may produce and consume orders*; bob may only consume.
-    add_user(
-        &c,
-        "alice",
-        "alice-secret",
-        &[
-            rule("allow", "Pub,Sub", "topic:orders*"),
-            rule("allow", "Sub", "group:*"),
-        ],
-    )
-    .await;
-    add_user(
-        &c,
-        "bob",
-        "bob-secret-1",
-        &[
-            rule("allow", "Sub", "topic:orders"),
-            rule("allow", "Sub", "group:*"),
-        ],
-    )
-    .await;
     let alice = creds("alice", "alice-secret");
     let mut as_alice = s.client(&addr, Some(&alice));
     for seq in 1..=20 {

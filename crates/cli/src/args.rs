@@ -39,7 +39,8 @@ pub struct Cli {
 
 /// How commands reach a cluster that has TLS or authentication on (global options). They apply
 /// to every command that talks to an existing cluster; commands that start their own local
-/// cluster (`--local`, `demo`, `playground`) talk to it in plaintext.
+/// cluster (`--local`, `demo`, `playground`) talk to it as it runs: in plaintext, or with the
+/// bench flag `--secure` over TLS signed as its generated admin.
 #[derive(Clone, Default, Args)]
 pub struct SecurityArgs {
     /// TLS: connect over TLS only, trusting the CA certificates in this PEM bundle
@@ -125,6 +126,14 @@ pub enum Command {
     /// client's.
     #[command(subcommand)]
     Cert(CertCmd),
+    /// Users (access key, secret, admin role), kept by every broker group: add, update, delete,
+    /// list. Needs an admin's --access-key and --secret-key when auth is on.
+    #[command(subcommand)]
+    User(UserCmd),
+    /// Users' rules: allow or deny actions on topics, groups or the cluster, on every broker
+    /// group. Needs an admin's --access-key and --secret-key when auth is on.
+    #[command(subcommand)]
+    Acl(AclCmd),
     /// Runs a nameserver in this process (used by local clusters).
     #[command(hide = true)]
     RunNameserver(PassThrough),
@@ -253,6 +262,105 @@ pub fn parse_cert_group(text: &str) -> Result<(String, Vec<u64>), String> {
         out.push(n);
     }
     Ok((name.to_string(), out))
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCmd {
+    /// Create a user on every broker group (no rules: it may do nothing until `acl allow`).
+    /// Its secret comes from --secret-key-file, or --generate, or the environment variable
+    /// RAFTMQ_NEW_USER_SECRET; it is never echoed (--generate prints the one it made, once).
+    Add {
+        /// The user's access key (its name).
+        #[arg(id = "user_access_key", value_name = "ACCESS_KEY")]
+        access_key: String,
+        /// Give the user the admin role: every action on every resource.
+        #[arg(long)]
+        admin: bool,
+        #[command(flatten)]
+        secret: NewSecretArgs,
+    },
+    /// Give a user a new secret on every broker group (secrets are never read back, so one is
+    /// always needed, from the same places as for `add`), and with --admin or --no-admin a new
+    /// role; without either each group keeps the user's role.
+    Update {
+        /// The user's access key (its name).
+        #[arg(id = "user_access_key", value_name = "ACCESS_KEY")]
+        access_key: String,
+        /// Give the user the admin role.
+        #[arg(long, conflicts_with = "no_admin")]
+        admin: bool,
+        /// Take the admin role away (its rules apply again).
+        #[arg(long)]
+        no_admin: bool,
+        #[command(flatten)]
+        secret: NewSecretArgs,
+    },
+    /// Delete a user from every broker group.
+    Delete {
+        /// The user's access key.
+        #[arg(id = "user_access_key", value_name = "ACCESS_KEY")]
+        access_key: String,
+    },
+    /// Every user of every broker group: access key, role, rules, and the groups that lack it.
+    List,
+}
+
+/// Where `user add|update` take the new secret from (else RAFTMQ_NEW_USER_SECRET).
+#[derive(Debug, Args)]
+pub struct NewSecretArgs {
+    /// Read the new secret from this file: one line, 8 to 256 characters (a final line break
+    /// is not part of it).
+    #[arg(long, value_name = "FILE", conflicts_with = "generate")]
+    pub secret_key_file: Option<PathBuf>,
+    /// Make a random 32-character secret and print it once (keep it: it is never shown again).
+    #[arg(long)]
+    pub generate: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AclCmd {
+    /// Add a rule allowing the user some actions on some resources, on every broker group.
+    Allow(RuleArgs),
+    /// Add a rule denying the user some actions on some resources (a matching deny wins over
+    /// any allow), on every broker group.
+    Deny(RuleArgs),
+    /// Remove one of the user's rules, given as it was added, from every broker group.
+    Revoke {
+        #[command(flatten)]
+        rule: RuleArgs,
+        /// Which kind of rule to remove.
+        #[arg(long, value_enum)]
+        effect: RuleEffect,
+    },
+    /// The rules of every user (or of ACCESS_KEY), per broker group.
+    List {
+        /// Only this user's rules.
+        #[arg(id = "user_access_key", value_name = "ACCESS_KEY")]
+        access_key: Option<String>,
+    },
+}
+
+/// The user and the rule of `acl allow|deny|revoke`.
+#[derive(Debug, Args)]
+pub struct RuleArgs {
+    /// The user's access key. (Its id is not `access_key`: that is the global option's, and
+    /// clap would merge the two.)
+    #[arg(id = "user_access_key", value_name = "ACCESS_KEY")]
+    pub access_key: String,
+    /// Actions, comma-separated: Pub, Sub, Create, Update, Delete, Get, List, Admin; or `all`.
+    #[arg(long, value_name = "ACTIONS")]
+    pub actions: String,
+    /// `*` (everything), `cluster`, `topic:NAME`, `topic:PREFIX*`, `group:NAME` or
+    /// `group:PREFIX*`.
+    #[arg(long, value_name = "RESOURCE")]
+    pub resource: String,
+}
+
+/// `acl revoke --effect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuleEffect {
+    Allow,
+    Deny,
 }
 
 #[derive(Debug, Subcommand)]
@@ -523,6 +631,10 @@ pub struct BenchTarget {
     /// Start a local cluster for this run instead of using --nameserver.
     #[arg(long)]
     pub local: bool,
+    /// With --local: TLS and authentication on in the local cluster (development certificates
+    /// and a generated admin secret); the bench's clients use TLS and sign as that admin.
+    #[arg(long, requires = "local")]
+    pub secure: bool,
     /// Topic to use (created when missing).
     #[arg(long, default_value = "bench")]
     pub topic: String,
@@ -582,6 +694,9 @@ pub enum BenchCmd {
         /// connections stay open and silent instead of being reset.
         #[arg(long)]
         stop: bool,
+        /// TLS and authentication on in the local cluster; the senders use TLS and sign.
+        #[arg(long)]
+        secure: bool,
     },
     /// SIGKILL a follower of a local cluster (and wipe its data with --mode wipe), produce --mb
     /// megabytes without it, restart it; report its catch-up rate and the producers' rate meanwhile.
@@ -911,6 +1026,149 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!e.contains("s3cr3t-value"), "{e}");
+    }
+
+    /// The user named by `user`/`acl` commands and the caller's global `--access-key` are two
+    /// arguments (they once shared clap's id `access_key`, and the command signed as the user
+    /// it was about to create).
+    #[test]
+    fn user_and_acl_commands_parse_apart_from_the_callers_credentials() {
+        let c = parse(&[
+            "--access-key",
+            "admin",
+            "user",
+            "add",
+            "alice",
+            "--admin",
+            "--generate",
+            "--json",
+        ]);
+        assert_eq!(c.security.access_key.as_deref(), Some("admin"));
+        match c.command {
+            Command::User(UserCmd::Add {
+                access_key,
+                admin,
+                secret,
+            }) => {
+                assert_eq!(access_key, "alice");
+                assert!(admin && secret.generate && secret.secret_key_file.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        let c = parse(&[
+            "user",
+            "update",
+            "alice",
+            "--secret-key-file",
+            "s.txt",
+            "--no-admin",
+        ]);
+        assert!(c.security.access_key.is_none());
+        match c.command {
+            Command::User(UserCmd::Update {
+                access_key,
+                admin,
+                no_admin,
+                secret,
+            }) => {
+                assert_eq!(access_key, "alice");
+                assert!(!admin && no_admin);
+                assert_eq!(secret.secret_key_file, Some(PathBuf::from("s.txt")));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["user", "delete", "alice", "--access-key", "root"]).command,
+            Command::User(UserCmd::Delete { ref access_key }) if access_key == "alice"
+        ));
+        assert!(matches!(
+            parse(&["user", "list", "--json"]).command,
+            Command::User(UserCmd::List)
+        ));
+        let c = parse(&[
+            "acl",
+            "allow",
+            "alice",
+            "--actions",
+            "Pub,Sub",
+            "--resource",
+            "topic:orders*",
+            "--access-key",
+            "admin",
+        ]);
+        assert_eq!(c.security.access_key.as_deref(), Some("admin"));
+        match c.command {
+            Command::Acl(AclCmd::Allow(r)) => assert_eq!(
+                (
+                    r.access_key.as_str(),
+                    r.actions.as_str(),
+                    r.resource.as_str()
+                ),
+                ("alice", "Pub,Sub", "topic:orders*")
+            ),
+            other => panic!("{other:?}"),
+        }
+        match parse(&[
+            "acl",
+            "revoke",
+            "alice",
+            "--effect",
+            "deny",
+            "--actions",
+            "Pub",
+            "--resource",
+            "*",
+        ])
+        .command
+        {
+            Command::Acl(AclCmd::Revoke { rule, effect }) => {
+                assert_eq!(
+                    (rule.access_key.as_str(), effect),
+                    ("alice", RuleEffect::Deny)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            parse(&["acl", "list", "alice"]).command,
+            Command::Acl(AclCmd::List { access_key: Some(ref a) }) if a == "alice"
+        ));
+        assert!(matches!(
+            parse(&["acl", "list"]).command,
+            Command::Acl(AclCmd::List { access_key: None })
+        ));
+        for bad in [
+            &["user", "add"][..],
+            &["user", "add", "a", "--generate", "--secret-key-file", "f"],
+            &["user", "update", "a", "--admin", "--no-admin"],
+            &["acl", "allow", "a", "--actions", "Pub"],
+            &["acl", "revoke", "a", "--actions", "Pub", "--resource", "*"],
+            &[
+                "acl",
+                "revoke",
+                "a",
+                "--effect",
+                "maybe",
+                "--actions",
+                "Pub",
+                "--resource",
+                "*",
+            ],
+            &["bench", "produce", "--secure"],
+        ] {
+            assert!(
+                Cli::try_parse_from(std::iter::once("raftmq").chain(bad.iter().copied())).is_err(),
+                "{bad:?} should not parse"
+            );
+        }
+        assert!(matches!(
+            parse(&["bench", "produce", "--local", "--secure"]).command,
+            Command::Bench(BenchCmd::Produce { ref target, .. }) if target.local && target.secure
+        ));
+        assert!(matches!(
+            parse(&["bench", "failover", "--secure"]).command,
+            Command::Bench(BenchCmd::Failover { secure: true, .. })
+        ));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! [`Target::producer`], [`Target::consumer`], and [`Target::channel`] for raw gRPC calls), so
 //! the global `--tls-*` and `--access-key`/`--secret-key` options apply to every connection it
 //! opens, to nameservers and nodes alike. Commands that start their own local cluster talk to it
-//! with [`Target::plaintext`].
+//! as it says ([`Target::local`]: plaintext, or TLS and the admin's signature when it is secure).
 //!
 //! The options are checked and the TLS files read only when a command needs them, so a command
 //! that does not talk to a cluster (`cert init`, `demo`) is not refused for them.
@@ -41,6 +41,28 @@ impl Target {
         Target {
             nameserver: nameserver.to_string(),
             security: ClientSecurity::default(),
+        }
+    }
+
+    /// A local cluster this process started, reached as it says (plaintext, or with TLS and its
+    /// bootstrap admin's signature when it is secure).
+    pub fn local(cluster: &crate::local_cluster::LocalCluster) -> Target {
+        Target {
+            nameserver: cluster.nameserver.clone(),
+            security: cluster.security().clone(),
+        }
+    }
+
+    /// How connections go, in words: `TLS, signed as admin`, `plaintext, unsigned`, ...
+    pub fn security_words(&self) -> String {
+        let wire = if self.security.is_tls() {
+            "TLS"
+        } else {
+            "plaintext"
+        };
+        match &self.security.credentials {
+            Some(c) => format!("{wire}, signed as {}", c.access_key),
+            None => format!("{wire}, unsigned"),
         }
     }
 
@@ -213,6 +235,11 @@ mod tests {
         )
         .unwrap();
         assert!(t.security.is_tls());
+        assert_eq!(t.security_words(), "TLS, unsigned");
+        assert_eq!(
+            Target::plaintext("h:1").security_words(),
+            "plaintext, unsigned"
+        );
         assert_eq!(t.security.uri("localhost:8081"), "https://localhost:8081");
         assert!(t.admin().is_ok());
     }

@@ -7,7 +7,8 @@
 //! - [`commands`]: one module per command family — `cluster`, `topic` (with `topic status`),
 //!   `group` (with `group status|reset`), `msg` (`msg get|find`), `produce`, `consume`,
 //!   `admin_ops` (leader transfer, node add/remove), `node_status`, `console` (the web page),
-//!   `bench`, `demo`, `playground`, `cert` (`cert init`: development certificates).
+//!   `bench`, `demo`, `playground`, `cert` (`cert init`: development certificates), `users`
+//!   (`user` and `acl`: users and their rules on every broker group).
 //! - [`output`]: the JSON shapes scripts rely on, and plain tables.
 //! - [`stats`]: percentiles and throughput for the benchmarks.
 //! - [`load`]: background senders and the read-back loss check (demo, failover bench).
@@ -69,6 +70,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Console(a) => commands::console::run(&target()?, a).await,
         Command::Txn(cmd) => commands::txn::run(&target()?, json, cmd).await,
         Command::Cert(cmd) => commands::cert::run(json, cmd),
+        Command::User(cmd) => commands::users::user(&target()?, json, cmd).await,
+        Command::Acl(cmd) => commands::users::acl(&target()?, json, cmd).await,
         Command::RunNameserver(a) => servers::run_nameserver(a.args).await,
         Command::RunBrokerNode(a) => servers::run_broker_node(a.args).await,
     }

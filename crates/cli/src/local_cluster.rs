@@ -12,6 +12,14 @@
 //! success, on error, and on Ctrl-C (the CLI drops the running command's future on SIGINT or
 //! SIGTERM). Readiness is observed (node status, nameserver view), never assumed after a sleep.
 //! Each node's standard output and error go to `node-N.log` in the directory.
+//!
+//! With [`LocalClusterOptions::secure`], the cluster runs with TLS and authentication on:
+//! `create` makes development certificates into `<dir>/certs` (a CA, `<broker>-<id>` per node,
+//! the nameserver's) and a random secret for the bootstrap admin `admin`; every node serves TLS
+//! with its own certificate and checks signatures (`--auth`), the nameserver too; and the
+//! harness's own calls ([`LocalCluster::admin`], readiness) and [`LocalCluster::security`] reach
+//! it over TLS, trusting the CA, signed as that admin. The secret reaches the servers through
+//! their environment, never their command lines. Restarts keep all of it.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -22,7 +30,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use raftmq_client::{Admin, ClientSecurity, NodeStatusResponse};
+use raftmq_client::{Admin, ClientSecurity, Credentials, NodeStatusResponse, TlsFiles};
+use raftmq_security::certgen;
+use raftmq_security::identity::NodeIdentity;
 
 use crate::probe::{Leader, LeaderRule, RoleView, find_leader, wait_for};
 
@@ -55,8 +65,11 @@ pub struct LocalClusterOptions {
     /// `worker_threads`); off, each node starts the runtime's default number of workers.
     pub share_cores: bool,
     /// How the harness's own calls (readiness) reach the cluster: plaintext by default; TLS and
-    /// signing when the nameserver and node flags turn them on.
+    /// signing when the nameserver and node flags turn them on. With `secure`, `create` replaces
+    /// it with TLS trusting the cluster's CA and the bootstrap admin's credentials.
     pub security: ClientSecurity,
+    /// TLS and authentication on (see the module docs).
+    pub secure: bool,
 }
 
 impl Default for LocalClusterOptions {
@@ -73,6 +86,7 @@ impl Default for LocalClusterOptions {
             env: Vec::new(),
             share_cores: true,
             security: ClientSecurity::default(),
+            secure: false,
         }
     }
 }
@@ -129,7 +143,149 @@ impl LocalClusterOptions {
         self.security = security;
         self
     }
+
+    pub fn secure(mut self, on: bool) -> Self {
+        self.secure = on;
+        self
+    }
 }
+
+/// The access key of a secure local cluster's bootstrap admin (the servers' default).
+pub const SECURE_ADMIN_KEY: &str = "admin";
+
+/// What a secure local cluster's processes and clients share: the certificates and the
+/// bootstrap admin.
+struct Secured {
+    /// `ca.pem`/`ca.key`, `<broker>-<id>.pem/.key`, `nameserver.pem/.key`, `client.pem/.key`.
+    certs: PathBuf,
+    admin: Credentials,
+}
+
+impl Secured {
+    /// Certificates into `<root>/certs` for `cluster`/`broker` nodes `ids` (served as
+    /// `<broker>-<id>`, `localhost` and `127.0.0.1`), and a new admin secret.
+    fn create(root: &Path, cluster: &str, broker: &str, ids: Vec<u64>) -> Result<Secured> {
+        let certs = root.join("certs");
+        let plan = certgen::Plan {
+            cluster: cluster.to_string(),
+            groups: vec![(broker.to_string(), ids)],
+            hosts: CERT_HOSTS.iter().map(|h| h.to_string()).collect(),
+            per_node_hosts: true,
+        };
+        certgen::init(&certs, &plan)
+            .with_context(|| format!("making development certificates in {}", certs.display()))?;
+        Ok(Secured {
+            certs,
+            admin: Credentials {
+                access_key: SECURE_ADMIN_KEY.into(),
+                secret: raftmq_client::users::generate_secret(),
+            },
+        })
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.certs.join(name).display().to_string()
+    }
+
+    /// TLS trusting the cluster's CA, signed as the bootstrap admin.
+    fn client_security(&self) -> Result<ClientSecurity> {
+        let files = TlsFiles {
+            ca: self.certs.join("ca.pem"),
+            cert: None,
+            key: None,
+        };
+        Ok(ClientSecurity::default()
+            .with_tls_files(files)
+            .with_context(|| format!("loading {}", self.certs.join("ca.pem").display()))?
+            .with_credentials(self.admin.clone()))
+    }
+
+    /// The nameserver's flags (its secret goes in [`Secured::nameserver_env`]).
+    fn nameserver_args(&self) -> Vec<String> {
+        strings([
+            "--tls-ca",
+            &self.file("ca.pem"),
+            "--tls-cert",
+            &self.file("nameserver.pem"),
+            "--tls-key",
+            &self.file("nameserver.key"),
+            "--auth",
+        ])
+    }
+
+    fn nameserver_env(&self) -> [(&'static str, String); 2] {
+        [
+            ("RAFTMQ_NS_ADMIN_ACCESS_KEY", self.admin.access_key.clone()),
+            ("RAFTMQ_NS_ADMIN_SECRET_KEY", self.admin.secret.clone()),
+        ]
+    }
+
+    /// Node `id`'s flags; its certificate is issued first when missing (a node added later).
+    fn node_args(&self, cluster: &str, broker: &str, id: u64) -> Result<Vec<String>> {
+        let name = format!("{broker}-{id}");
+        let (cert, key) = (
+            self.certs.join(format!("{name}.pem")),
+            self.certs.join(format!("{name}.key")),
+        );
+        if !cert.is_file() || !key.is_file() {
+            self.issue_node(cluster, broker, id, &cert, &key)
+                .with_context(|| format!("issuing the certificate of node {id}"))?;
+        }
+        Ok(strings([
+            "--tls-ca",
+            &self.file("ca.pem"),
+            "--tls-cert",
+            &cert.display().to_string(),
+            "--tls-key",
+            &key.display().to_string(),
+            "--auth",
+        ]))
+    }
+
+    fn node_env(&self) -> [(&'static str, String); 2] {
+        [
+            ("RAFTMQ_ADMIN_ACCESS_KEY", self.admin.access_key.clone()),
+            ("RAFTMQ_ADMIN_SECRET_KEY", self.admin.secret.clone()),
+        ]
+    }
+
+    fn issue_node(
+        &self,
+        cluster: &str,
+        broker: &str,
+        id: u64,
+        cert: &Path,
+        key: &Path,
+    ) -> Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let read = |f: &str| {
+            std::fs::read_to_string(self.certs.join(f))
+                .with_context(|| format!("reading {}", self.certs.join(f).display()))
+        };
+        let ca = certgen::Ca::from_pem(&read("ca.pem")?, &read("ca.key")?)?;
+        let identity = NodeIdentity {
+            cluster: cluster.to_string(),
+            broker: broker.to_string(),
+            node_id: id,
+        };
+        let mut hosts = vec![format!("{broker}-{id}")];
+        hosts.extend(CERT_HOSTS.iter().map(|h| h.to_string()));
+        let pem = ca.issue_node(&identity, &hosts)?;
+        std::fs::write(cert, &pem.cert).with_context(|| format!("writing {}", cert.display()))?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(key)
+            .with_context(|| format!("writing {}", key.display()))?;
+        std::io::Write::write_all(&mut f, pem.key.as_bytes())
+            .with_context(|| format!("writing {}", key.display()))
+    }
+}
+
+/// The hosts every certificate of a secure local cluster serves: what its clients dial.
+const CERT_HOSTS: [&str; 2] = ["localhost", "127.0.0.1"];
 
 #[derive(Debug, Clone)]
 enum Launcher {
@@ -316,6 +472,8 @@ pub struct LocalCluster {
     ns_log: PathBuf,
     ns: Option<Child>,
     pub nodes: Nodes,
+    /// Certificates and the admin, when [`LocalClusterOptions::secure`].
+    secured: Option<Secured>,
 }
 
 /// Free ports on 127.0.0.1, distinct, chosen below the kernel's ephemeral range and never handed
@@ -448,6 +606,19 @@ impl LocalCluster {
         let nodes = (1..=opts.nodes)
             .map(|id| (id, LocalNode::new(&root, id, ports[id as usize], false)))
             .collect();
+        let mut opts = opts;
+        let secured = if opts.secure {
+            let s = Secured::create(
+                &root,
+                &opts.cluster,
+                &opts.broker,
+                (1..=opts.nodes).collect(),
+            )?;
+            opts.security = s.client_security()?;
+            Some(s)
+        } else {
+            None
+        };
         let mut cluster = LocalCluster {
             dir,
             root: root.clone(),
@@ -459,6 +630,7 @@ impl LocalCluster {
             ns: None,
             nodes: Nodes(nodes),
             opts,
+            secured,
         };
         if cluster.opts.keep_dir
             && let Some(d) = cluster.dir.take()
@@ -562,10 +734,14 @@ impl LocalCluster {
 
     fn spawn_nameserver(&mut self) -> Result<()> {
         let (out, err) = log_file(&self.ns_log)?;
-        let child = self
-            .launcher
-            .command("nameserver")
-            .args(["--listen", &self.nameserver])
+        let mut cmd = self.launcher.command("nameserver");
+        // `--listen` first: `raftmq run-nameserver` passes on everything from its first unknown
+        // flag, and `--tls-*` are also the CLI's own (global) flags.
+        cmd.args(["--listen", &self.nameserver]);
+        if let Some(s) = &self.secured {
+            cmd.args(s.nameserver_args()).envs(s.nameserver_env());
+        }
+        let child = cmd
             .args(&self.opts.nameserver_args)
             .stdin(Stdio::null())
             .stdout(out)
@@ -591,9 +767,15 @@ impl LocalCluster {
         for k in CLIENT_SECURITY_ENV {
             cmd.env_remove(k);
         }
+        // `--cluster` first: `raftmq run-broker-node` passes on everything from its first
+        // unknown flag, and `--tls-*` are also the CLI's own (global) flags.
         cmd.args(["--cluster", &self.cluster, "--broker", &self.broker])
-            .args(["--nameservers", &self.nameserver])
-            .args(&self.opts.broker_args)
+            .args(["--nameservers", &self.nameserver]);
+        if let Some(s) = &self.secured {
+            cmd.args(s.node_args(&self.cluster, &self.broker, id)?)
+                .envs(s.node_env());
+        }
+        cmd.args(&self.opts.broker_args)
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         let node = self.node_mut(id)?;
         if node.child.is_some() {
@@ -739,7 +921,29 @@ impl LocalCluster {
         find_leader(&self.role_views(admin).await, LeaderRule::HighestTerm).ok()
     }
 
-    /// An admin client of this cluster, reaching it as [`LocalClusterOptions::security`] says.
+    /// How clients reach this cluster: [`LocalClusterOptions::security`], which for a secure
+    /// cluster is TLS trusting its CA, signed as its bootstrap admin.
+    pub fn security(&self) -> &ClientSecurity {
+        &self.opts.security
+    }
+
+    /// Whether TLS and authentication are on ([`LocalClusterOptions::secure`]).
+    pub fn is_secure(&self) -> bool {
+        self.secured.is_some()
+    }
+
+    /// The development certificates of a secure cluster (`ca.pem`, `<broker>-<id>.pem/.key`,
+    /// `nameserver.pem/.key`, `client.pem/.key`).
+    pub fn certs_dir(&self) -> Option<&Path> {
+        self.secured.as_ref().map(|s| s.certs.as_path())
+    }
+
+    /// The bootstrap admin of a secure cluster (access key and secret).
+    pub fn admin_credentials(&self) -> Option<&Credentials> {
+        self.secured.as_ref().map(|s| &s.admin)
+    }
+
+    /// An admin client of this cluster, reaching it as [`LocalCluster::security`] says.
     pub fn admin(&self) -> Result<Admin> {
         Ok(Admin::connect_with(
             &self.nameserver,
@@ -866,6 +1070,77 @@ mod tests {
         );
         c.kill(1)
             .expect("killing a node that does not run is a no-op");
+    }
+
+    /// A secure cluster's layout: certificates in `<dir>/certs`, TLS and signing for its clients,
+    /// every server's TLS and auth flags, the secret in the environment only, and a certificate
+    /// issued for a node added later.
+    #[test]
+    fn secure_create_makes_certificates_and_the_admin() {
+        let bins = tempfile::tempdir().expect("dir");
+        for b in ["nameserver", "broker-node"] {
+            std::fs::write(bins.path().join(b), "").expect("write");
+        }
+        let root = tempfile::tempdir().expect("dir");
+        let opts = LocalClusterOptions::new(3)
+            .bin_dir(bins.path())
+            .dir(root.path())
+            .secure(true);
+        let c = LocalCluster::create(opts).expect("create");
+        assert!(c.is_secure());
+        let certs = root.path().join("certs");
+        assert_eq!(c.certs_dir(), Some(certs.as_path()));
+        for f in [
+            "ca.pem",
+            "broker-a-3.key",
+            "nameserver.pem",
+            "nameserver.key",
+        ] {
+            assert!(certs.join(f).is_file(), "{f}");
+        }
+        assert!(c.security().is_tls() && c.security().is_signed());
+        let admin = c.admin_credentials().expect("admin");
+        assert_eq!(admin.access_key, SECURE_ADMIN_KEY);
+        assert_eq!(admin.secret.len(), 32);
+        let s = c.secured.as_ref().expect("secured");
+        let ns = s.nameserver_args();
+        assert_eq!(ns[0], "--tls-ca");
+        assert!(ns.contains(&"--auth".to_string()));
+        assert!(ns[3].ends_with("nameserver.pem"), "{ns:?}");
+        let node = s.node_args("DefaultCluster", "broker-a", 2).expect("args");
+        assert!(node[3].ends_with("broker-a-2.pem") && node[5].ends_with("broker-a-2.key"));
+        assert!(node.contains(&"--auth".to_string()));
+        for args in [&ns, &node] {
+            assert!(!args.iter().any(|a| a.contains(&admin.secret)), "{args:?}");
+        }
+        assert!(
+            s.node_env()
+                .iter()
+                .any(|(k, v)| *k == "RAFTMQ_ADMIN_SECRET_KEY" && v == &admin.secret)
+        );
+        assert!(
+            s.nameserver_env()
+                .iter()
+                .any(|(k, v)| *k == "RAFTMQ_NS_ADMIN_SECRET_KEY" && v == &admin.secret)
+        );
+        // A node beyond the first ones gets a certificate naming it, from the same CA.
+        s.node_args("DefaultCluster", "broker-a", 4)
+            .expect("args of node 4");
+        let pem = std::fs::read(certs.join("broker-a-4.pem")).expect("node 4's certificate");
+        use rustls_pki_types::pem::PemObject;
+        let leaf = rustls_pki_types::CertificateDer::from_pem_slice(&pem).expect("PEM");
+        let ids = raftmq_security::identity::node_identities(&leaf);
+        assert_eq!(ids.len(), 1);
+        assert_eq!(ids[0].uri(), "raftmq://DefaultCluster/broker-a/4");
+        // A plain cluster has none of it.
+        let plain_root = tempfile::tempdir().expect("dir");
+        let plain = LocalCluster::create(
+            LocalClusterOptions::new(1)
+                .bin_dir(bins.path())
+                .dir(plain_root.path()),
+        )
+        .expect("create");
+        assert!(!plain.is_secure() && !plain.security().is_tls() && plain.certs_dir().is_none());
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! - t11-t13: the commands that start their own local cluster: `demo` (run whole, and interrupted
 //!   midway: no process left behind either way), `playground` (serves until Ctrl-C, then cleans
 //!   up), `bench failover`;
+//! - t14: a local cluster with TLS and auth on: clients with its security produce and consume,
+//!   plaintext and unsigned ones are refused, `user` and `acl` manage a user end to end, and
+//!   `bench produce --local --secure` runs;
 //! - t20: consumer groups of two and three members share queues without overlap, a leaving
 //!   member hands its queues on, committed offsets resume in a new member;
 //! - t30: a producer across leader kills stores every acknowledged message once, and committed
@@ -17,7 +20,9 @@ use std::time::Duration;
 
 use raftmq_cli::load::{Load, verify};
 use raftmq_cli::local_cluster::{LocalCluster, LocalClusterOptions};
-use raftmq_client::{Admin, Consumer, Message, Producer, QueueId, StartFrom};
+use raftmq_client::{
+    Admin, ClientSecurity, Consumer, Credentials, Message, Producer, QueueId, StartFrom,
+};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -32,9 +37,15 @@ struct Out {
 
 /// Runs the `raftmq` binary against the cluster's nameserver.
 fn raftmq(ns: &str, args: &[&str], stdin: Option<&str>) -> Out {
+    raftmq_env(ns, args, stdin, &[])
+}
+
+/// [`raftmq`] with more environment variables.
+fn raftmq_env(ns: &str, args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Out {
     let mut child = Command::new(env!("CARGO_BIN_EXE_raftmq"))
         .args(args)
         .env("RAFTMQ_NAMESERVER", ns)
+        .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -799,4 +810,345 @@ async fn t13_bench_failover_reports_each_kill() {
     assert!(r["acked"].as_u64().unwrap_or(0) > 0, "{r}");
     assert_eq!(r["verify"]["lost"], 0, "{r}");
     assert_eq!(r["verify"]["duplicates"], 0, "{r}");
+}
+
+/// Asks node `addr` for its status, signed as `security` says, until the outcome is the one
+/// wanted (an answer with `want_ok`, a refusal without) or 10 s passed; returns the last outcome.
+/// A follower knows a replicated user once it has applied it, hence the polling.
+async fn node_status_as(
+    ns: &str,
+    addr: &str,
+    security: ClientSecurity,
+    want_ok: bool,
+) -> Result<(), String> {
+    let admin = Admin::connect_with(ns, security).expect("admin");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = admin
+            .node_status(addr)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        if r.is_ok() == want_ok || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t14_secure_local_cluster_serves_tls_and_signed_clients_only() {
+    let _serial = SERIAL.lock().await;
+    let cluster = LocalCluster::start(LocalClusterOptions::new(3).secure(true))
+        .await
+        .unwrap_or_else(|e| panic!("secure local cluster: {e:#}"));
+    let ns = cluster.nameserver.clone();
+    let security = cluster.security().clone();
+    assert!(security.is_tls() && security.is_signed());
+    let certs = cluster.certs_dir().expect("certificates").to_path_buf();
+    let admin_creds = cluster.admin_credentials().expect("admin").clone();
+    let node = cluster.addrs()[0].clone();
+
+    tracing::info!("produce and consume over TLS, signed as the admin");
+    let admin = cluster.admin().expect("admin client");
+    admin
+        .create_topic("t14", 2, None)
+        .await
+        .expect("create a topic over TLS");
+    let producer = Producer::builder(&ns)
+        .security(security.clone())
+        .build()
+        .expect("producer");
+    for i in 0..10 {
+        producer
+            .send("t14", Message::new(format!("m{i}")))
+            .await
+            .expect("send over TLS");
+    }
+    producer.close().await;
+    let mut consumer = Consumer::builder(&ns, "g14", "t14")
+        .security(security.clone())
+        .start_from(StartFrom::Earliest)
+        .build()
+        .expect("consumer");
+    let mut bodies = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while bodies.len() < 10 && Instant::now() < deadline {
+        for m in consumer
+            .poll(64, Duration::from_millis(500))
+            .await
+            .expect("poll")
+        {
+            bodies.insert(String::from_utf8_lossy(&m.body).into_owned());
+        }
+    }
+    consumer.close().await.expect("close");
+    assert_eq!(bodies.len(), 10, "{bodies:?}");
+
+    tracing::info!("plaintext and unsigned clients are refused");
+    let plain = Admin::connect(&ns)
+        .expect("admin")
+        .with_timeout(Duration::from_secs(2));
+    assert!(plain.broker_names().await.is_err(), "plaintext nameserver");
+    assert!(plain.node_status(&node).await.is_err(), "plaintext node");
+    let plain_producer = Producer::builder(&ns)
+        .send_timeout(Duration::from_secs(2))
+        .build()
+        .expect("producer");
+    assert!(plain_producer.send("t14", Message::new("x")).await.is_err());
+    plain_producer.close().await;
+    let unsigned = ClientSecurity {
+        tls: security.tls.clone(),
+        credentials: None,
+    };
+    let anon = Admin::connect_with(&ns, unsigned.clone())
+        .expect("admin")
+        .with_timeout(Duration::from_secs(2));
+    let e = anon.broker_names().await.expect_err("unsigned").to_string();
+    assert!(e.to_lowercase().contains("unauthenticated"), "{e}");
+    let e = node_status_as(&ns, &node, unsigned, false)
+        .await
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("unauthenticated"), "{e}");
+
+    tracing::info!("user and acl commands, as the admin");
+    let ca = certs.join("ca.pem").display().to_string();
+    let flags = ["--tls-ca", ca.as_str(), "--access-key", "admin"];
+    let admin_env = [("RAFTMQ_SECRET_KEY", admin_creds.secret.as_str())];
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let all: Vec<&str> = flags.iter().chain(args).copied().collect();
+        let env: Vec<(&str, &str)> = admin_env.iter().chain(env).copied().collect();
+        raftmq_env(&ns, &all, None, &env)
+    };
+    let added = cli(&["user", "add", "alice", "--generate", "--json"], &[]);
+    assert!(added.ok, "{}", added.stderr);
+    let v = &json_lines(&added.stdout)[0];
+    assert_eq!(
+        (&v["user"], &v["op"], &v["admin"]),
+        (&"alice".into(), &"add".into(), &false.into())
+    );
+    assert_eq!(
+        v["brokers"][0],
+        serde_json::json!({"name": "broker-a", "ok": true, "code": null, "error": null})
+    );
+    let alice_secret = v["secret"]
+        .as_str()
+        .expect("the generated secret")
+        .to_string();
+    assert_eq!(alice_secret.len(), 32);
+    let alice = |secret: &str| {
+        security.clone().with_credentials(Credentials {
+            access_key: "alice".into(),
+            secret: secret.into(),
+        })
+    };
+    // Known, but without a rule for it: forbidden (not unauthenticated).
+    let e = node_status_as(&ns, &node, alice(&alice_secret), false)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_lowercase().contains("forbidden") && e.contains("alice"),
+        "{e}"
+    );
+
+    let again = cli(
+        &["user", "add", "alice"],
+        &[("RAFTMQ_NEW_USER_SECRET", "another-secret-1")],
+    );
+    assert!(!again.ok, "a user that exists");
+    assert!(
+        again.stdout.contains("broker-a: refused: INVALID_ARGUMENT"),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again
+            .stderr
+            .contains("failed on 1 of 1 broker groups: broker-a"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(again.stderr.trim().lines().count(), 1, "{}", again.stderr);
+    assert!(
+        !again.stdout.contains("another-secret-1") && !again.stderr.contains("another-secret-1")
+    );
+
+    let bad = cli(
+        &[
+            "acl",
+            "allow",
+            "alice",
+            "--actions",
+            "Fly",
+            "--resource",
+            "cluster",
+        ],
+        &[],
+    );
+    assert!(
+        !bad.ok && bad.stderr.contains("--actions: unknown action"),
+        "{}",
+        bad.stderr
+    );
+    let allowed = cli(
+        &[
+            "acl",
+            "allow",
+            "alice",
+            "--actions",
+            "Get",
+            "--resource",
+            "cluster",
+            "--json",
+        ],
+        &[],
+    );
+    assert!(allowed.ok, "{}", allowed.stderr);
+    let v = &json_lines(&allowed.stdout)[0];
+    assert_eq!(
+        v["rule"],
+        serde_json::json!({"effect": "allow", "actions": "Get", "resource": "cluster"})
+    );
+    node_status_as(&ns, &node, alice(&alice_secret), true)
+        .await
+        .expect("alice may Get on the cluster now");
+    assert!(
+        cli(
+            &[
+                "acl",
+                "deny",
+                "alice",
+                "--actions",
+                "Pub",
+                "--resource",
+                "topic:t14*"
+            ],
+            &[]
+        )
+        .ok
+    );
+
+    let listed = cli(&["user", "list", "--json"], &[]);
+    assert!(listed.ok, "{}", listed.stderr);
+    let v = &json_lines(&listed.stdout)[0];
+    let users = v["users"].as_array().expect("users");
+    let boot = users
+        .iter()
+        .find(|u| u["access_key"] == "admin")
+        .expect("admin");
+    assert_eq!(
+        (&boot["admin"], &boot["from_config"]),
+        (&true.into(), &true.into())
+    );
+    let a = users
+        .iter()
+        .find(|u| u["access_key"] == "alice")
+        .expect("alice");
+    assert_eq!(a["admin"], false);
+    assert_eq!(a["brokers"], serde_json::json!(["broker-a"]));
+    assert_eq!(a["missing_on"], serde_json::json!([]));
+    assert_eq!(
+        a["rules"],
+        serde_json::json!([
+            {"effect": "allow", "actions": "Get", "resource": "cluster"},
+            {"effect": "deny", "actions": "Pub", "resource": "topic:t14*"},
+        ])
+    );
+    let text = cli(&["acl", "list", "alice"], &[]);
+    assert!(text.ok, "{}", text.stderr);
+    assert!(
+        text.stdout.contains("topic:t14*") && text.stdout.contains("broker-a: "),
+        "{}",
+        text.stdout
+    );
+    assert!(!cli(&["acl", "list", "nobody"], &[]).ok);
+
+    let updated = cli(
+        &["user", "update", "alice"],
+        &[("RAFTMQ_NEW_USER_SECRET", "alice-new-secret")],
+    );
+    assert!(updated.ok, "{}", updated.stderr);
+    assert!(
+        updated.stdout.contains("broker-a: user alice updated"),
+        "{}",
+        updated.stdout
+    );
+    node_status_as(&ns, &node, alice("alice-new-secret"), true)
+        .await
+        .expect("the new secret works");
+    let e = node_status_as(&ns, &node, alice(&alice_secret), false)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_lowercase().contains("unauthenticated"),
+        "the old secret: {e}"
+    );
+
+    assert!(
+        cli(
+            &[
+                "acl",
+                "revoke",
+                "alice",
+                "--effect",
+                "allow",
+                "--actions",
+                "Get",
+                "--resource",
+                "cluster"
+            ],
+            &[]
+        )
+        .ok
+    );
+    let twice = cli(
+        &[
+            "acl",
+            "revoke",
+            "alice",
+            "--effect",
+            "allow",
+            "--actions",
+            "Get",
+            "--resource",
+            "cluster",
+        ],
+        &[],
+    );
+    assert!(
+        !twice.ok && twice.stdout.contains("INVALID_ARGUMENT"),
+        "{}",
+        twice.stdout
+    );
+    assert!(cli(&["user", "delete", "alice"], &[]).ok);
+    let v = &json_lines(&cli(&["user", "list", "--json"], &[]).stdout)[0];
+    assert!(
+        !v["users"]
+            .as_array()
+            .expect("users")
+            .iter()
+            .any(|u| u["access_key"] == "alice"),
+        "{v}"
+    );
+    // Without the admin's credentials the commands are refused.
+    let anon_cli = raftmq(&ns, &["--tls-ca", &ca, "user", "list"], None);
+    assert!(!anon_cli.ok, "{}", anon_cli.stdout);
+    drop(cluster);
+
+    tracing::info!("bench produce --local --secure");
+    let out = ok(
+        "127.0.0.1:1",
+        &[
+            "bench", "produce", "--local", "--secure", "--count", "2000", "--size", "64", "--json",
+        ],
+        None,
+    );
+    let v = &json_lines(&out)[0];
+    assert_eq!(
+        (&v["tls"], &v["signed"]),
+        (&true.into(), &true.into()),
+        "{v}"
+    );
+    assert_eq!(v["messages"], 2000, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
 }

@@ -6,6 +6,8 @@
 //! - [`consumer`]: [`Consumer`] — consumer-group membership by heartbeats, averaged queue
 //!   assignment, pulls that follow the read hint, offsets committed periodically and on close.
 //! - [`admin`]: [`Admin`] — topics, live cluster status, leader transfer, learners and voters.
+//! - [`users`]: more of [`Admin`] — users and their rules on every broker group, with each
+//!   group's outcome.
 //! - [`queue`]: pure choices over queues (key hash, round robin, RocketMQ's averaged allocation).
 //! - [`nameserver`]: the route model ([`TopicRoute`]) and the multi-nameserver client.
 //! - `router` (internal): group views (nodes, leader) and the retry loop that follows leaders.
@@ -40,6 +42,7 @@ pub mod producer;
 pub mod queue;
 mod router;
 pub mod security;
+pub mod users;
 
 pub use admin::{Admin, BrokerView, ClusterStatus, ClusterView, NodeView, TopicInfo};
 pub use consumer::{Consumer, ConsumerBuilder, ConsumerConfig, ReceivedMessage, StartFrom};
@@ -52,3 +55,4 @@ pub use router::RetryPolicy;
 pub use security::{ClientSecurity, Conn, Credentials, Tls, TlsFiles};
 /// The type of a received message's body.
 pub use tonic::codegen::Bytes;
+pub use users::{BrokerOutcome, UserView};

@@ -105,6 +105,10 @@ impl_reply!(
     v1::TransferLeaderResponse,
     v1::AddLearnerResponse,
     v1::ChangeVotersResponse,
+    v1::PutUserResponse,
+    v1::DeleteUserResponse,
+    v1::ChangeRuleResponse,
+    v1::ListUsersResponse,
 );
 
 #[derive(Debug, Default, Clone)]

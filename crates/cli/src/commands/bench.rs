@@ -37,23 +37,29 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
             if json {
                 println!(
                     "{}",
-                    json_line(&json!({
-                        "bench": "produce", "size": size, "inflight": shape.inflight, "keys": shape.keys,
-                        "messages": t.messages, "failed": r.failed, "seconds": t.seconds,
-                        "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
-                        "latency_ms": r.latency, "cpu_steal_pct": r.cpu_steal_pct,
-                    }))
+                    json_line(&with_security(
+                        json!({
+                            "bench": "produce", "size": size, "inflight": shape.inflight,
+                            "keys": shape.keys, "messages": t.messages, "failed": r.failed,
+                            "seconds": t.seconds, "msgs_per_sec": t.msgs_per_sec,
+                            "mb_per_sec": t.mb_per_sec, "latency_ms": r.latency,
+                            "cpu_steal_pct": r.cpu_steal_pct,
+                        }),
+                        &ns
+                    ))
                 );
             } else {
+                let keys = if shape.keys > 0 {
+                    format!(", {} keys", shape.keys)
+                } else {
+                    String::new()
+                };
                 print_figures(
-                    &if shape.keys > 0 {
-                        format!(
-                            "produce {size} B, {} in flight, {} keys",
-                            shape.inflight, shape.keys
-                        )
-                    } else {
-                        format!("produce {size} B, {} in flight", shape.inflight)
-                    },
+                    &format!(
+                        "produce {size} B, {} in flight{keys} ({})",
+                        shape.inflight,
+                        ns.security_words()
+                    ),
                     t.messages,
                     t.seconds,
                     t.msgs_per_sec,
@@ -109,7 +115,8 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
             senders,
             no_verify,
             stop,
-        } => failover(json, kills, senders, !no_verify, stop).await,
+            secure,
+        } => failover(json, kills, senders, !no_verify, stop, secure).await,
         BenchCmd::Catchup {
             mode,
             mb,
@@ -158,16 +165,35 @@ pub(crate) fn steal_line(pct: f64) -> String {
     format!("cpu steal during the run: {pct:.1}% of this machine's CPU time{note}")
 }
 
-/// A local cluster when asked (plaintext), else the cluster of `--nameserver` (with the security
-/// options); and the topic (created when missing).
+/// The JSON fields every bench reports on how its clients reached the cluster: `"tls"` (every
+/// connection TLS) and `"signed"` (every request signed; a local `--secure` cluster checks it).
+pub(crate) fn with_security(mut v: serde_json::Value, ns: &Target) -> serde_json::Value {
+    if let Some(o) = v.as_object_mut() {
+        o.insert("tls".into(), json!(ns.security.is_tls()));
+        o.insert("signed".into(), json!(ns.security.is_signed()));
+    }
+    v
+}
+
+/// A local cluster, plaintext or with TLS and auth on (`secure`), started for one bench.
+pub(crate) async fn start_local(secure: bool) -> Result<LocalCluster> {
+    if secure {
+        eprintln!("starting a local cluster with TLS and authentication on");
+    } else {
+        eprintln!("starting a local cluster");
+    }
+    LocalCluster::start(LocalClusterOptions::default().secure(secure)).await
+}
+
+/// A local cluster when asked (plaintext, or secure with `--secure`), else the cluster of
+/// `--nameserver` (with the security options); and the topic (created when missing).
 pub(crate) async fn setup(
     remote: Remote<'_>,
     target: &BenchTarget,
 ) -> Result<(Option<LocalCluster>, Target)> {
     let (cluster, ns) = if target.local {
-        eprintln!("starting a local cluster");
-        let c = LocalCluster::start(LocalClusterOptions::default()).await?;
-        let ns = Target::plaintext(&c.nameserver);
+        let c = start_local(target.secure).await?;
+        let ns = Target::local(&c);
         (Some(c), ns)
     } else {
         (None, remote()?)
@@ -367,14 +393,17 @@ async fn consume(
     if json {
         println!(
             "{}",
-            json_line(&json!({
-                "bench": "consume", "group": group, "messages": drain.n, "seconds": t.seconds,
-                "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
-                "backlog": backlog,
-                "end_to_end_latency_ms": live.as_ref().map(|(_, l)| l).or(drain_lat.as_ref()),
-                "end_to_end_latency_messages": live.as_ref().map(|(n, _)| n),
-                "cpu_steal_pct": cpu_steal_pct,
-            }))
+            json_line(&with_security(
+                json!({
+                    "bench": "consume", "group": group, "messages": drain.n, "seconds": t.seconds,
+                    "msgs_per_sec": t.msgs_per_sec, "mb_per_sec": t.mb_per_sec,
+                    "backlog": backlog,
+                    "end_to_end_latency_ms": live.as_ref().map(|(_, l)| l).or(drain_lat.as_ref()),
+                    "end_to_end_latency_messages": live.as_ref().map(|(n, _)| n),
+                    "cpu_steal_pct": cpu_steal_pct,
+                }),
+                ns
+            ))
         );
     } else {
         let what = if backlog {
@@ -383,7 +412,7 @@ async fn consume(
             "consume (latency: store → read)"
         };
         print_figures(
-            what,
+            &format!("{what} ({})", ns.security_words()),
             drain.n,
             t.seconds,
             t.msgs_per_sec,
@@ -514,10 +543,16 @@ struct KillResult {
     outage_ms: f64,
 }
 
-async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: bool) -> Result<()> {
-    eprintln!("starting a local cluster");
-    let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
-    let ns = Target::plaintext(&cluster.nameserver);
+async fn failover(
+    json: bool,
+    kills: u32,
+    senders: usize,
+    check: bool,
+    stop: bool,
+    secure: bool,
+) -> Result<()> {
+    let mut cluster = start_local(secure).await?;
+    let ns = Target::local(&cluster);
     let admin = ns.admin()?;
     let topic = "failover";
     admin.create_topic(topic, 4, None).await?;
@@ -615,12 +650,16 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
     if json {
         println!(
             "{}",
-            json_line(&json!({
-                "bench": "failover", "kills": results.len(), "outage_ms": o, "election_ms": e,
-                "per_kill": results, "acked": log.acks.len(), "failed_sends": log.failed,
-                "acked_as_duplicate": log.acks.iter().filter(|a| a.duplicate).count(),
-                "verify": report, "cpu_steal_pct": cpu_steal_pct,
-            }))
+            json_line(&with_security(
+                json!({
+                    "bench": "failover", "kills": results.len(), "outage_ms": o,
+                    "election_ms": e, "per_kill": results, "acked": log.acks.len(),
+                    "failed_sends": log.failed,
+                    "acked_as_duplicate": log.acks.iter().filter(|a| a.duplicate).count(),
+                    "verify": report, "cpu_steal_pct": cpu_steal_pct,
+                }),
+                &ns
+            ))
         );
     } else {
         let rows: Vec<Vec<String>> = [("outage (kill → first ack)", &o), ("election", &e)]
@@ -636,6 +675,12 @@ async fn failover(json: bool, kills: u32, senders: usize, check: bool, stop: boo
                 ]
             })
             .collect();
+        println!(
+            "failover: {} leader {} ({})",
+            results.len(),
+            if stop { "stops" } else { "kills" },
+            ns.security_words()
+        );
         print!(
             "{}",
             table(

@@ -17,7 +17,9 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, Remote, StealMeter, produce, setup, steal_line};
+use crate::commands::bench::{
+    ProduceShape, Remote, StealMeter, produce, setup, steal_line, with_security,
+};
 use crate::output::{json_line, table};
 
 #[derive(Debug, clap::Args)]
@@ -172,25 +174,30 @@ pub async fn run(remote: Remote<'_>, json: bool, a: DelayBenchArgs) -> Result<()
     if json {
         println!(
             "{}",
-            json_line(&json!({
-                "bench": "delay", "scheduled": a.count, "delivered": n, "early": early,
-                "window_secs": a.window_secs, "scheduled_secs": scheduled_secs,
-                "stored_late_ms": {"p50": pct(&stored_late, 0.5), "p99": pct(&stored_late, 0.99),
-                    "max": stored_late.last()},
-                "received_late_ms": {"p50": pct(&received_late, 0.5),
-                    "p99": pct(&received_late, 0.99), "max": received_late.last()},
-                "load_msgs_per_sec": load_rate, "cpu_steal_pct": cpu_steal_pct,
-            }))
+            json_line(&with_security(
+                json!({
+                    "bench": "delay", "scheduled": a.count, "delivered": n, "early": early,
+                    "window_secs": a.window_secs, "scheduled_secs": scheduled_secs,
+                    "stored_late_ms": {"p50": pct(&stored_late, 0.5),
+                        "p99": pct(&stored_late, 0.99), "max": stored_late.last()},
+                    "received_late_ms": {"p50": pct(&received_late, 0.5),
+                        "p99": pct(&received_late, 0.99), "max": received_late.last()},
+                    "load_msgs_per_sec": load_rate, "cpu_steal_pct": cpu_steal_pct,
+                }),
+                &ns
+            ))
         );
     } else {
         println!(
-            "{n} of {} scheduled messages delivered ({early} before their time); due over {} s{}",
+            "{n} of {} scheduled messages delivered ({early} before their time); due over {} s{} \
+             ({})",
             a.count,
             a.window_secs,
             load_rate.map_or(" with no other load".into(), |r| format!(
                 " while a producer sent {r:.0} msg/s of {} B to {}",
                 a.size, a.target.topic
-            ))
+            )),
+            ns.security_words()
         );
         let row = |what: &str, v: &[u64]| {
             vec![

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, Remote, produce, setup, steal_line};
+use crate::commands::bench::{ProduceShape, Remote, produce, setup, steal_line, with_security};
 use crate::output::{json_line, table};
 use crate::stats::{CpuTimes, summarize};
 
@@ -125,20 +125,24 @@ pub async fn run(remote: Remote<'_>, json: bool, a: LookupBenchArgs) -> Result<(
     if json {
         println!(
             "{}",
-            json_line(&json!({
-                "bench": "lookup", "messages": a.count, "per_key": a.per_key,
-                "samples": a.samples, "store_seconds": stored_secs, "wrong": wrong,
-                "get_by_id_ms": id, "find_by_key_ms": key,
-                "rss_growth_mb": grown, "rss_mb_per_million": per_million,
-                "cpu_steal_pct": steal_pct,
-            }))
+            json_line(&with_security(
+                json!({
+                    "bench": "lookup", "messages": a.count, "per_key": a.per_key,
+                    "samples": a.samples, "store_seconds": stored_secs, "wrong": wrong,
+                    "get_by_id_ms": id, "find_by_key_ms": key,
+                    "rss_growth_mb": grown, "rss_mb_per_million": per_million,
+                    "cpu_steal_pct": steal_pct,
+                }),
+                &ns
+            ))
         );
     } else {
         println!(
-            "lookup in {} messages ({} per key){}",
+            "lookup in {} messages ({} per key){} ({})",
             a.count,
             a.per_key,
-            stored_secs.map_or(String::new(), |s| format!(", stored in {s:.0} s"))
+            stored_secs.map_or(String::new(), |s| format!(", stored in {s:.0} s")),
+            ns.security_words()
         );
         let row = |what: &str, l: &crate::stats::LatencySummary| {
             vec![

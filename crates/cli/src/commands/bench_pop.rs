@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::BenchTarget;
-use crate::commands::bench::{ProduceShape, Remote, StealMeter, setup, steal_line};
+use crate::commands::bench::{ProduceShape, Remote, StealMeter, setup, steal_line, with_security};
 use crate::commands::produce::generated_body;
 use crate::connect::Target;
 use crate::output::{json_line, table};
@@ -477,12 +477,16 @@ pub async fn run(remote: Remote<'_>, json: bool, args: PopBenchArgs) -> Result<(
             .collect();
         println!(
             "{}",
-            json_line(&json!({
-                "bench": "pop", "size": args.size, "inflight": args.inflight,
-                "consumers": args.consumers, "batch": args.batch, "phases": v,
-                "fifo_groups": args.fifo_groups,
-                "v2_send_vs_v1_produce": ratios.map(|r| r.0), "cpu_steal_pct": cpu_steal_pct,
-            }))
+            json_line(&with_security(
+                json!({
+                    "bench": "pop", "size": args.size, "inflight": args.inflight,
+                    "consumers": args.consumers, "batch": args.batch, "phases": v,
+                    "fifo_groups": args.fifo_groups,
+                    "v2_send_vs_v1_produce": ratios.map(|r| r.0),
+                    "cpu_steal_pct": cpu_steal_pct,
+                }),
+                &ns
+            ))
         );
     } else {
         let rows: Vec<Vec<String>> = phases
@@ -501,7 +505,7 @@ pub async fn run(remote: Remote<'_>, json: bool, args: PopBenchArgs) -> Result<(
             })
             .collect();
         println!(
-            "{} B messages, {} in flight, {} consumers x batch {}{}",
+            "{} B messages, {} in flight, {} consumers x batch {}{} ({})",
             args.size,
             args.inflight,
             args.consumers,
@@ -510,7 +514,8 @@ pub async fn run(remote: Remote<'_>, json: bool, args: PopBenchArgs) -> Result<(
                 format!(", {} FIFO message groups", args.fifo_groups)
             } else {
                 String::new()
-            }
+            },
+            ns.security_words()
         );
         print!(
             "{}",

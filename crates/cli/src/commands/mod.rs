@@ -18,3 +18,4 @@ pub mod playground;
 pub mod produce;
 pub mod topic;
 pub mod txn;
+pub mod users;

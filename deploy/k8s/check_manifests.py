@@ -51,6 +51,7 @@ TARGETS = {
     "overlays/production": {"groups": ["broker-a"], "anti_affinity": "required", "pod_monitor": False},
     "overlays/two-groups": {"groups": ["broker-a", "broker-b"], "anti_affinity": "preferred", "pod_monitor": False},
     "overlays/monitoring": {"groups": ["broker-a"], "anti_affinity": "preferred", "pod_monitor": True},
+    "overlays/secure": {"groups": ["broker-a"], "anti_affinity": "preferred", "pod_monitor": False, "tls": True},
 }
 
 NAMESERVER_PORT = 9876
@@ -576,6 +577,41 @@ def check_pod_monitor(c: Checks, objs: list[dict], expect: dict, templates: dict
 # ---------------------------------------------------------------------------------------------
 
 
+def check_tls(c: Checks, objs: list[dict], expect: dict) -> None:
+    """With "tls" expected: every broker node and nameserver serves TLS from a mounted Secret with
+    auth on and its admin secret from a Secret, and every probe checks over TLS (raftmq-health
+    trusting RAFTMQ_TLS_CA), since the kubelet's gRPC probes cannot. Without it: no TLS settings."""
+    want = bool(expect.get("tls"))
+    for o in objs:
+        if o["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        me = kn(o)
+        pod = o["spec"]["template"]["spec"]
+        ctr = pod["containers"][0]
+        ns = o["kind"] == "Deployment"
+        prefix = "RAFTMQ_NS_" if ns else "RAFTMQ_"
+        keys = [f"{prefix}TLS_CA", f"{prefix}TLS_CERT", f"{prefix}TLS_KEY"]
+        have = [env_value(ctr, k) for k in keys]
+        if not want:
+            c.check(not any(have), me, f"TLS settings {keys} outside a TLS overlay")
+            continue
+        c.check(all(have), me, f"TLS needs {keys}, has {have}")
+        c.check(env_value(ctr, f"{prefix}AUTH") == "true", me, f"{prefix}AUTH is not \"true\"")
+        secret = [e for e in env_list(ctr) if e["name"] == f"{prefix}ADMIN_SECRET_KEY"]
+        c.check(bool(secret) and "secretKeyRef" in (secret[0].get("valueFrom") or {}), me,
+                f"{prefix}ADMIN_SECRET_KEY must come from a Secret")
+        mounts = [m["mountPath"] for m in ctr.get("volumeMounts") or []]
+        c.check(all(v and any(v.startswith(m.rstrip("/") + "/") for m in mounts) for v in have), me,
+                f"TLS files {have} are not under a mounted volume {mounts}")
+        c.check(any("secret" in v for v in pod.get("volumes") or []), me, "no Secret volume for the TLS files")
+        c.check(env_value(ctr, "RAFTMQ_TLS_CA") is not None, me, "probes (raftmq-health) need RAFTMQ_TLS_CA")
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = ctr.get(kind)
+            if probe is not None:
+                c.check(probe_target(probe)[0] == "exec raftmq-health", me,
+                        f"{kind} must run raftmq-health (a gRPC probe cannot speak TLS)")
+
+
 def main() -> int:
     if shutil.which("kubectl") is None:
         die("kubectl not found on PATH: it renders the kustomizations (`kubectl kustomize`). "
@@ -613,6 +649,7 @@ def main() -> int:
         check_nameservers(c, objs, expect, templates)
         groups = check_groups(c, objs, expect, templates)
         check_pod_monitor(c, objs, expect, templates)
+        check_tls(c, objs, expect)
         passed, failed = c.per_target[target]
         rows.append((
             target,

@@ -11,7 +11,7 @@ use raftmq_proto::v1::*;
 use raftmq_security::sign::{self, Credentials};
 use raftmq_security::tls::{Tls, TlsFiles};
 use raftmq_tests::secure::{self, Conn};
-use raftmq_tests::{Cluster, code, python, send_request, wait_for};
+use raftmq_tests::{Cluster, code, history, python, send_request, wait_for};
 use tonic::transport::Endpoint;
 
 const TOPIC: &str = "orders";
@@ -276,20 +276,50 @@ async fn t91_2_strangers_on_the_peer_path_are_refused_and_the_log_is_unchanged()
     let s = c.secure();
     let leader = c.leader().await;
     let addr = c.nodes[&leader].addr.clone();
+    // A history in the checker's format: 40 acknowledged sends over its 4 queues.
     let r = s
         .client(&addr, Some(&s.admin))
         .create_topic(CreateTopicRequest {
-            name: TOPIC.into(),
-            queues: 1,
+            name: history::TOPIC.into(),
+            queues: history::QUEUES,
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(code(&r.error), ErrorCode::Ok, "{:?}", r.error);
+    let hist = history::History::default();
     let mut admin = s.client(&addr, Some(&s.admin));
-    for seq in 1..=10 {
-        assert_eq!(code(&send_as(&mut admin, seq).await.error), ErrorCode::Ok);
+    for seq in 1..=40u64 {
+        let queue = (seq % u64::from(history::QUEUES)) as u32;
+        let id = history::MsgId {
+            producer: 7,
+            seq,
+            idx: 0,
+        };
+        let start = hist.now();
+        let body = history::encode(id, 64);
+        let r = admin
+            .send(send_request(7, seq, history::TOPIC, queue, vec![body]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(code(&r.error), ErrorCode::Ok, "send {seq}: {:?}", r.error);
+        hist.ops.lock().unwrap().push(history::Op {
+            producer: 7,
+            seq,
+            queue,
+            count: 1,
+            len: 64,
+            start,
+            end: hist.now(),
+            attempts: 1,
+            outcome: history::Outcome::Acked {
+                offsets: r.results.iter().map(|x| x.offset).collect(),
+                by: addr.clone(),
+                duplicate: r.duplicate,
+            },
+        });
     }
     let before = c.status(leader).await.unwrap();
     // Another CA, which issues a certificate naming broker-a's node 1 itself.
@@ -432,33 +462,22 @@ async fn t91_2_strangers_on_the_peer_path_are_refused_and_the_log_is_unchanged()
     let after = c.status(leader).await.unwrap();
     assert_eq!((after.role.as_str(), after.term), ("leader", before.term));
     assert_eq!(after.peers.len(), before.peers.len(), "membership changed");
-    for (id, _) in c.nodes.iter() {
+    let mut reads = std::collections::BTreeMap::new();
+    for (id, node) in c.nodes.iter() {
         let st = c.status(*id).await.unwrap();
         assert_eq!(st.term, before.term, "node {id} moved to another term");
         assert!(
             !st.config_json.contains(secure::ADMIN_SECRET),
             "node {id} shows the secret"
         );
-        let r = s
-            .client(&c.nodes[id].addr, Some(&s.admin))
-            .pull(PullRequest {
-                topic: TOPIC.into(),
-                queue: 0,
-                offset: 0,
-                max_messages: 100,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let bodies: Vec<String> = r
-            .messages
-            .iter()
-            .map(|m| String::from_utf8_lossy(&m.body).to_string())
-            .collect();
-        let want: Vec<String> = (1..=10).map(|i| format!("m{i}")).collect();
-        assert_eq!(bodies, want, "node {id} holds other messages");
+        reads.insert(*id, read_secure(&c, &node.addr).await);
     }
+    // The history checker: every acknowledged message on every node, nothing else, no divergence.
+    let report = history::check::check(&hist, &reads, 0);
+    assert!(report.is_ok(), "{report:?}");
+    assert_eq!(report.acked_msgs, 40);
+    // Distinct messages read; `missing` (in is_ok) counts one a node lacks.
+    assert_eq!(report.read_msgs, 40, "{report:?}");
 }
 
 /// A secure group with `orders` (2 queues) and the users alice (Pub and Sub on orders*, Sub on
@@ -681,4 +700,48 @@ async fn tonic_health_check(ch: tonic::transport::Channel) -> Option<i32> {
         .await
         .ok()?;
     Some(r.into_inner().status)
+}
+
+/// What the node at `addr` holds in every queue of the history's topic, read over TLS as the
+/// admin, in the history checker's form.
+async fn read_secure(c: &Cluster, addr: &str) -> history::workload::NodeRead {
+    let s = c.secure();
+    let mut client = s.client(addr, Some(&s.admin));
+    let mut read = history::workload::NodeRead::default();
+    for queue in 0..history::QUEUES {
+        let mut msgs = Vec::new();
+        let mut offset = 0;
+        loop {
+            let r = client
+                .pull(PullRequest {
+                    topic: history::TOPIC.into(),
+                    queue,
+                    offset,
+                    max_messages: 500,
+                    ..Default::default()
+                })
+                .await;
+            let r = match r {
+                Ok(r) => r.into_inner(),
+                Err(e) => {
+                    read.errors.push(format!("q{queue}@{offset}: {e}"));
+                    break;
+                }
+            };
+            if code(&r.error) != ErrorCode::Ok {
+                read.errors
+                    .push(format!("q{queue}@{offset}: {:?}", r.error));
+                break;
+            }
+            if r.messages.is_empty() {
+                break;
+            }
+            for m in r.messages {
+                offset = m.offset + 1;
+                msgs.push((m.offset, m.body.to_vec()));
+            }
+        }
+        read.queues.insert(queue, msgs);
+    }
+    read
 }

@@ -109,6 +109,12 @@ async fn t92_retries_through_a_frozen_leader_store_one_copy() {
     let topic = "v2-resend-freeze";
     let mut c = Cluster::start(3, &[]).await;
     c.create_topic(topic, QUEUES).await;
+    // A settled group (every member has heard from the others), so the leader found next is
+    // still the leader when it is frozen: a boot-time election that moved it after the lookup
+    // once let the first call succeed at once.
+    c.wait_feature_levels(Duration::from_secs(20))
+        .await
+        .unwrap();
     let leader = c.leader().await;
     let follower = *c.nodes.keys().find(|id| **id != leader).unwrap();
     let mut v2 = v2_client(&c.nodes[&follower].addr);
@@ -116,6 +122,11 @@ async fn t92_retries_through_a_frozen_leader_store_one_copy() {
     send(&mut v2, topic, "ID-WARM", Duration::from_secs(10))
         .await
         .unwrap();
+    assert_eq!(
+        c.leader().await,
+        leader,
+        "the leader moved during the warm-up"
+    );
 
     c.pause(leader);
     let t0 = Instant::now();

@@ -134,6 +134,11 @@ fn name(r: &Option<pb::Resource>) -> &str {
     r.as_ref().map_or("", |r| r.name.as_str())
 }
 
+/// The topic of a message-queue field (`""` when unset).
+fn queue_topic(q: &Option<pb::MessageQueue>) -> &str {
+    q.as_ref().map_or("", |q| name(&q.topic))
+}
+
 /// Whether `tag` passes a TAG expression (`""`/`*` = all, `A`, `A||B`).
 fn tag_matches(expression: &str, tag: &str) -> bool {
     let e = expression.trim();
@@ -990,6 +995,12 @@ impl<B: BrokerService> Front<B> {
             raftmq_security::Denied::Forbidden { .. } => status(Code::Forbidden, d.to_string()),
         })
     }
+
+    /// [`Self::denied`] for consuming `topic` in `group`: Sub on both.
+    fn denied_sub<T>(&self, request: &Request<T>, topic: &str, group: &str) -> Option<pb::Status> {
+        let resources = [Resource::topic(topic), Resource::group(group)];
+        self.denied(request, Some(Action::Sub), &resources)
+    }
 }
 
 #[tonic::async_trait]
@@ -1123,13 +1134,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::QueryAssignmentRequest>,
     ) -> Result<Response<pb::QueryAssignmentResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(name(&request.get_ref().topic)),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            name(&request.get_ref().topic),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::QueryAssignmentResponse {
                 status: Some(st),
@@ -1164,13 +1172,8 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ReceiveMessageRequest>,
     ) -> Result<Response<Self::ReceiveMessageStream>, Status> {
-        let (topic, group) = {
-            let r = request.get_ref();
-            let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
-            (topic.to_string(), name(&r.group).to_string())
-        };
-        let resources = [Resource::topic(&topic), Resource::group(&group)];
-        if let Some(st) = self.denied(&request, Some(Action::Sub), &resources) {
+        let r = request.get_ref();
+        if let Some(st) = self.denied_sub(&request, queue_topic(&r.message_queue), name(&r.group)) {
             let frame = pb::ReceiveMessageResponse {
                 content: Some(RecvContent::Status(st)),
             };
@@ -1196,13 +1199,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::AckMessageRequest>,
     ) -> Result<Response<pb::AckMessageResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(name(&request.get_ref().topic)),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            name(&request.get_ref().topic),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::AckMessageResponse {
                 status: Some(st),
@@ -1216,13 +1216,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ForwardMessageToDeadLetterQueueRequest>,
     ) -> Result<Response<pb::ForwardMessageToDeadLetterQueueResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(name(&request.get_ref().topic)),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            name(&request.get_ref().topic),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::ForwardMessageToDeadLetterQueueResponse {
                 status: Some(st),
@@ -1254,13 +1251,8 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::PullMessageRequest>,
     ) -> Result<Response<Self::PullMessageStream>, Status> {
-        let (topic, group) = {
-            let r = request.get_ref();
-            let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
-            (topic.to_string(), name(&r.group).to_string())
-        };
-        let resources = [Resource::topic(&topic), Resource::group(&group)];
-        if let Some(st) = self.denied(&request, Some(Action::Sub), &resources) {
+        let r = request.get_ref();
+        if let Some(st) = self.denied_sub(&request, queue_topic(&r.message_queue), name(&r.group)) {
             let frame = pb::PullMessageResponse {
                 content: Some(pb::pull_message_response::Content::Status(st)),
             };
@@ -1286,19 +1278,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::UpdateOffsetRequest>,
     ) -> Result<Response<pb::UpdateOffsetResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(
-                    request
-                        .get_ref()
-                        .message_queue
-                        .as_ref()
-                        .map_or("", |q| name(&q.topic)),
-                ),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            queue_topic(&request.get_ref().message_queue),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::UpdateOffsetResponse { status: Some(st) }));
         }
@@ -1332,19 +1315,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::GetOffsetRequest>,
     ) -> Result<Response<pb::GetOffsetResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(
-                    request
-                        .get_ref()
-                        .message_queue
-                        .as_ref()
-                        .map_or("", |q| name(&q.topic)),
-                ),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            queue_topic(&request.get_ref().message_queue),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::GetOffsetResponse {
                 status: Some(st),
@@ -1399,13 +1373,9 @@ impl<B: BrokerService> MessagingService for Front<B> {
         if let Some(st) = self.denied(
             &request,
             Some(Action::Sub),
-            &[Resource::topic(
-                request
-                    .get_ref()
-                    .message_queue
-                    .as_ref()
-                    .map_or("", |q| name(&q.topic)),
-            )],
+            &[Resource::topic(queue_topic(
+                &request.get_ref().message_queue,
+            ))],
         ) {
             return Ok(Response::new(pb::QueryOffsetResponse {
                 status: Some(st),
@@ -1576,13 +1546,10 @@ impl<B: BrokerService> MessagingService for Front<B> {
         &self,
         request: Request<pb::ChangeInvisibleDurationRequest>,
     ) -> Result<Response<pb::ChangeInvisibleDurationResponse>, Status> {
-        if let Some(st) = self.denied(
+        if let Some(st) = self.denied_sub(
             &request,
-            Some(Action::Sub),
-            &[
-                Resource::topic(name(&request.get_ref().topic)),
-                Resource::group(name(&request.get_ref().group)),
-            ],
+            name(&request.get_ref().topic),
+            name(&request.get_ref().group),
         ) {
             return Ok(Response::new(pb::ChangeInvisibleDurationResponse {
                 status: Some(st),

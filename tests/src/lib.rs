@@ -210,18 +210,7 @@ impl Cluster {
                 .ok()
                 .map(|r| r.into_inner());
         }
-        let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
-            .connect_timeout(Duration::from_millis(300))
-            .timeout(Duration::from_millis(500))
-            .connect()
-            .await
-            .ok()?;
-        BrokerServiceClient::new(ch)
-            .node_status(NodeStatusRequest {})
-            .await
-            .ok()
-            .map(|r| r.into_inner())
+        node_status(addr).await
     }
 
     /// What every running, unpaused node says of its role (`None`: it did not answer).
@@ -302,6 +291,23 @@ impl Cluster {
     pub fn node_log(&self, id: u64) -> String {
         std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
     }
+}
+
+/// The node status of the node at `addr` over plaintext (None: it did not answer within half a
+/// second).
+pub async fn node_status(addr: &str) -> Option<NodeStatusResponse> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_millis(300))
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .ok()?;
+    BrokerServiceClient::new(ch)
+        .node_status(NodeStatusRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
 }
 
 pub async fn connect(addr: &str) -> BrokerServiceClient<Channel> {

@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use raftmq_cli::probe::{LeaderRule, RoleView, find_leader};
+use raftmq_proto::v1::ClusterInfoRequest;
 use raftmq_proto::v1::nameserver_service_client::NameserverServiceClient;
-use raftmq_proto::v1::{ClusterInfoRequest, NodeStatusRequest};
 use raftmq_tests::{bin, free_port, wait_for};
 
 struct Procs(Vec<Option<Child>>);
@@ -193,18 +193,7 @@ async fn t71_pods_find_their_identity_and_a_stopping_leader_hands_over() {
 }
 
 async fn status(addr: &str) -> Option<raftmq_proto::v1::NodeStatusResponse> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .ok()?
-        .connect_timeout(Duration::from_millis(300))
-        .timeout(Duration::from_millis(500))
-        .connect()
-        .await
-        .ok()?;
-    raftmq_proto::v1::broker_service_client::BrokerServiceClient::new(ch)
-        .node_status(NodeStatusRequest {})
-        .await
-        .ok()
-        .map(|r| r.into_inner())
+    raftmq_tests::node_status(addr).await
 }
 
 /// 72. A rolling upgrade's guard: while one member of the group has never been heard from (as a

@@ -414,7 +414,9 @@ impl Project {
             // Ports picked by Docker: no clash with a deployment on 9876/9877 or another test.
             .env("RAFTMQ_NS1_PORT", "")
             .env("RAFTMQ_NS2_PORT", "")
-            .env("RAFTMQ_CONSOLE_PORT", "");
+            .env("RAFTMQ_CONSOLE_PORT", "")
+            // The volumes share this machine's disk with the build: the local cluster's watermarks.
+            .envs(raftmq_cli::local_cluster::LOCAL_WATERMARKS);
         run(&mut cmd, COMMAND_TIMEOUT)
     }
 

@@ -369,6 +369,8 @@ impl Stack {
                     .arg(&stack.name)
                     .env("RAFTMQ_IMAGE", &sc.deploy_image)
                     .env("RAFTMQ_NAMESERVER_REPLICAS", sc.nameservers.to_string())
+                    // The volumes share this machine's disk with the build.
+                    .envs(raftmq_cli::local_cluster::LOCAL_WATERMARKS)
                     .envs(sc.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
                 COMMAND_TIMEOUT,
             ),

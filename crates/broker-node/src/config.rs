@@ -612,6 +612,14 @@ pub struct Args {
     /// The bootstrap admin's secret key (prefer the environment variable to the flag).
     #[arg(long, env = "RAFTMQ_ADMIN_SECRET_KEY", hide_env_values = true)]
     pub admin_secret_key: Option<String>,
+    /// `retention.clean_watermark_pct`: above this share of the data disk in use, the oldest
+    /// segments go early (default 75).
+    #[arg(long, env = "RAFTMQ_CLEAN_WATERMARK_PCT")]
+    pub clean_watermark_pct: Option<u8>,
+    /// `retention.full_watermark_pct`: above this share, sends are refused with DISK_FULL
+    /// (default 90).
+    #[arg(long, env = "RAFTMQ_FULL_WATERMARK_PCT")]
+    pub full_watermark_pct: Option<u8>,
     /// UNSAFE flush mode for benchmarks only: acknowledge before fsync (loses data on power loss).
     #[arg(long, env = "RAFTMQ_FLUSH_MODE")]
     pub flush_mode: Option<String>,
@@ -645,6 +653,11 @@ impl Args {
         c.auth |= self.auth;
         set(&mut c.admin_access_key, self.admin_access_key);
         set(&mut c.admin_secret_key, self.admin_secret_key.map(Secret));
+        set(
+            &mut c.retention.clean_watermark_pct,
+            self.clean_watermark_pct,
+        );
+        set(&mut c.retention.full_watermark_pct, self.full_watermark_pct);
         set(
             &mut c.read_hint.leader_busy_msgs_per_sec,
             self.leader_busy_msgs_per_sec,
@@ -768,6 +781,34 @@ mod tests {
         );
         let back: Config = toml::from_str("admin_secret_key = \"from-a-file\"").unwrap();
         assert_eq!(back.admin_secret_key.0, "from-a-file");
+    }
+
+    #[test]
+    fn watermark_flags_override_the_file_and_a_bad_pair_names_the_key() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "[retention]\nclean_watermark_pct = 60\n").unwrap();
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["node", "--node-id", "1", "--config", file.to_str().unwrap()];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).unwrap().args.into_config()
+        };
+        let r = parse(&[]).unwrap().retention;
+        assert_eq!((r.clean_watermark_pct, r.full_watermark_pct), (60, 90));
+        let r = parse(&["--clean-watermark-pct", "97", "--full-watermark-pct", "99"])
+            .unwrap()
+            .retention;
+        assert_eq!((r.clean_watermark_pct, r.full_watermark_pct), (97, 99));
+        let e = parse(&["--clean-watermark-pct", "95", "--full-watermark-pct", "90"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("retention.full_watermark_pct"), "{e}");
     }
 
     #[test]

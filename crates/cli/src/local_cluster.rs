@@ -42,6 +42,17 @@ pub const SERVERS_BUILT_IN: bool = crate::servers::BUILT_IN;
 /// How long a fresh cluster may take to elect a leader and register it.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The disk watermarks of a local node (`env` may override them). Its data sits in a directory
+/// of a disk shared with everything else on the machine (build outputs, images), so a share of
+/// the whole disk says nothing about the cluster's own use: the defaults (75 % trims early, 90 %
+/// refuses sends) made a demo or a test refuse every send with DISK_FULL on a machine whose disk
+/// was already 90 % full of other things. A local cluster trims early only above 97 % and refuses
+/// above 99 %.
+pub const LOCAL_WATERMARKS: [(&str, &str); 2] = [
+    ("RAFTMQ_CLEAN_WATERMARK_PCT", "97"),
+    ("RAFTMQ_FULL_WATERMARK_PCT", "99"),
+];
+
 /// How to start a [`LocalCluster`]: `LocalClusterOptions::new(3).broker_args(["--flag", "v"])…`.
 /// `Default` is what the CLI's demo and benches run: three nodes of `broker-a`.
 #[derive(Debug, Clone)]
@@ -775,7 +786,8 @@ impl LocalCluster {
             cmd.args(s.node_args(&self.cluster, &self.broker, id)?)
                 .envs(s.node_env());
         }
-        cmd.args(&self.opts.broker_args)
+        cmd.envs(LOCAL_WATERMARKS)
+            .args(&self.opts.broker_args)
             .envs(self.opts.env.iter().map(|(k, v)| (k, v)));
         let node = self.node_mut(id)?;
         if node.child.is_some() {

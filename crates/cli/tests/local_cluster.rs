@@ -147,6 +147,15 @@ async fn t10_every_command_against_a_local_cluster() {
     assert_eq!(rb["queues"], 4);
     has_keys(&rb["nodes"][0], &["node_id", "address", "role"]);
 
+    // A local node trims and refuses by the local cluster's watermarks (the disk is shared).
+    let node = json_lines(&ok(&ns, &["node", "status", "1", "--json"], None));
+    let disk = &node[0]["disk"];
+    assert_eq!(
+        (&disk["clean_watermark_pct"], &disk["full_watermark_pct"]),
+        (&serde_json::json!(97), &serde_json::json!(99)),
+        "{disk}"
+    );
+
     tracing::info!("produce");
     let produced = json_lines(&ok(
         &ns,

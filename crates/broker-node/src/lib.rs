@@ -9,6 +9,8 @@
 //!   mapping to the wire (stable codes, the leader hint).
 //! - [`hint`]: the read hint, a pure decision.
 //! - [`register`]: registration with every nameserver.
+//! - [`restart`]: restart images, so a restarted node loads what apply built instead of
+//!   re-applying its retained log.
 //! - [`retention`]: retention by age and disk watermarks (trim, compaction, DISK_FULL).
 //! - [`preferred`]: the preferred leader (DLedger's preferredLeaderId).
 //! - [`pop`]: POP consumption (receive, ack, invisibility, dead letters) as replicated state.
@@ -31,6 +33,7 @@ pub mod node;
 pub mod pop;
 pub mod preferred;
 pub mod register;
+pub mod restart;
 pub mod retention;
 pub mod service;
 pub mod state;

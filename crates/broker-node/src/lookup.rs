@@ -53,11 +53,34 @@ pub struct Lookup {
 impl Lookup {
     /// Indexes `text` at `offset` (offsets never go down from one call to the next).
     pub fn add(&mut self, offset: u64, text: &str) {
+        self.add_fingerprint(offset, fingerprint(text));
+    }
+
+    /// Indexes a fingerprint at `offset` (as [`Lookup::add`]; a restart image holds them).
+    pub fn add_fingerprint(&mut self, offset: u64, fp: u32) {
         if offset >= self.open_base + CHUNK_OFFSETS {
             self.seal(offset);
         }
-        self.open
-            .push((fingerprint(text), (offset - self.open_base) as u32));
+        self.open.push((fp, (offset - self.open_base) as u32));
+    }
+
+    /// The (offset, fingerprint) pairs at or above `offset`, by offset: what a restart image
+    /// holds of the messages indexed since its previous one.
+    pub fn since(&self, offset: u64) -> Vec<(u64, u32)> {
+        let mut out: Vec<(u64, u32)> = self
+            .sealed
+            .iter()
+            .filter(|c| c.end > offset)
+            .flat_map(|c| c.entries.iter().map(|&(f, rel)| (c.base + rel as u64, f)))
+            .chain(
+                self.open
+                    .iter()
+                    .map(|&(f, rel)| (self.open_base + rel as u64, f)),
+            )
+            .filter(|&(o, _)| o >= offset)
+            .collect();
+        out.sort_by_key(|&(o, _)| o);
+        out
     }
 
     /// Seals the open chunk (when it holds anything) and opens one at `offset`.
@@ -173,6 +196,40 @@ mod tests {
     }
 
     /// 4. The fingerprint is the documented FNV-1a (fixed values, so a change shows).
+    #[test]
+    fn t05_what_since_returns_rebuilds_the_same_answers() {
+        let mut l = Lookup::default();
+        let n = CHUNK_OFFSETS * 2 + 100;
+        for o in 0..n {
+            l.add(o, &format!("id-{}", o % 1000));
+            if o % 7 == 0 {
+                l.add(o, "seven");
+            }
+        }
+        let mid = CHUNK_OFFSETS + 17;
+        let tail = l.since(mid);
+        assert!(tail.windows(2).all(|w| w[0].0 <= w[1].0), "by offset");
+        assert_eq!(tail.first().map(|p| p.0), Some(mid));
+        // Rebuilt from an older part and the tail, in two steps as two images give them.
+        let mut back = Lookup::default();
+        for (o, f) in l.since(0).into_iter().filter(|(o, _)| *o < mid) {
+            back.add_fingerprint(o, f);
+        }
+        for (o, f) in tail {
+            back.add_fingerprint(o, f);
+        }
+        assert_eq!(back.len(), l.len());
+        for text in ["id-5", "id-999", "seven", "absent"] {
+            for min in [0, mid, n - 3] {
+                assert_eq!(
+                    back.candidates(text, min),
+                    l.candidates(text, min),
+                    "{text} {min}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn t04_fingerprint_is_fnv1a_32() {
         assert_eq!(fingerprint(""), 0x811c_9dc5);

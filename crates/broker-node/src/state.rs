@@ -121,8 +121,9 @@ impl SentIds {
     }
 }
 
-/// A run of a queue's offsets stored by one entry. Never in snapshots (rebuilt by apply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A run of a queue's offsets stored by one entry. Never in snapshots (rebuilt by apply); in
+/// restart images ([`crate::restart`]): never reorder or change the fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Run {
     pub first_offset: u64,
     pub log_index: u64,
@@ -1312,6 +1313,15 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         };
         s.topic_version += 1;
         *self = s;
+        Ok(())
+    }
+
+    fn restart_image(&self, since: u64) -> Option<Vec<u8>> {
+        Some(crate::restart::image(self, since))
+    }
+
+    fn load_restart_images(&mut self, images: &[Vec<u8>]) -> std::io::Result<()> {
+        *self = crate::restart::load(images)?;
         Ok(())
     }
 }

@@ -77,7 +77,55 @@ pub struct Timer {
     origins: HashMap<Location, (u64, u32)>,
 }
 
+/// A [`Timer`] as a restart image holds it (`state::restart`): every field, topic names as
+/// strings. Field order is the order on disk: never reorder or change the fields.
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TimerImage {
+    due: BTreeMap<(u64, Location), (u32, u32)>,
+    entries: BTreeMap<u64, u32>,
+    names: Vec<String>,
+    counts: Vec<u64>,
+    half: BTreeMap<(u64, Location), Half>,
+    txns: BTreeMap<(u64, u32), (u64, Location)>,
+    moved: BTreeMap<(u64, u32), (u64, Location)>,
+    origins: BTreeMap<Location, (u64, u32)>,
+}
+
 impl Timer {
+    /// Everything the timer holds, for a restart image.
+    pub fn image(&self) -> TimerImage {
+        TimerImage {
+            due: self.due.clone(),
+            entries: self.entries.clone(),
+            names: self.names.iter().map(|n| n.to_string()).collect(),
+            counts: self.counts.clone(),
+            half: self.half.clone(),
+            txns: self.txns.iter().map(|(k, v)| (*k, *v)).collect(),
+            moved: self.moved.iter().map(|(k, v)| (*k, *v)).collect(),
+            origins: self.origins.iter().map(|(k, v)| (*k, *v)).collect(),
+        }
+    }
+
+    /// The timer a restart image holds.
+    pub fn from_image(i: TimerImage) -> Timer {
+        let names: Vec<Arc<str>> = i.names.into_iter().map(Arc::from).collect();
+        Timer {
+            due: i.due,
+            entries: i.entries,
+            numbers: names
+                .iter()
+                .enumerate()
+                .map(|(n, name)| (name.clone(), n as u32))
+                .collect(),
+            names,
+            counts: i.counts,
+            half: i.half,
+            txns: i.txns.into_iter().collect(),
+            moved: i.moved.into_iter().collect(),
+            origins: i.origins.into_iter().collect(),
+        }
+    }
+
     fn number(&mut self, topic: &str) -> u32 {
         if let Some(&n) = self.numbers.get(topic) {
             return n;

@@ -724,6 +724,23 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+    /// Fill a local cluster's log with --mb megabytes, then SIGKILL a follower and start it
+    /// twice: from its restart images, and with them deleted (re-applying its whole log); report
+    /// each start's time to ready.
+    Restart {
+        /// Megabytes (MiB) of messages in the log.
+        #[arg(long, default_value_t = 10240)]
+        mb: u64,
+        /// Message size in bytes.
+        #[arg(long, default_value_t = 4096)]
+        size: usize,
+        /// Drop the OS page cache before each start (needs root), as after a reboot.
+        #[arg(long)]
+        cold: bool,
+        /// Give up on a start that is not ready after this many seconds.
+        #[arg(long, default_value_t = 900)]
+        timeout_secs: u64,
+    },
 }
 
 /// How `bench catchup` takes the follower down.

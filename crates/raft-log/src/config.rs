@@ -33,6 +33,7 @@ pub const SNAPSHOT_TIMEOUT_MS_DEFAULT: u64 = 60_000;
 pub const RPC_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 pub const MAX_PAYLOAD_ENTRIES_DEFAULT: u64 = 256;
 pub const CHECKPOINT_EVERY_ENTRIES_DEFAULT: u64 = 1024;
+pub const RESTART_IMAGE_BYTES_DEFAULT: u64 = 128 << 20;
 pub const CATCH_UP_BYTES_PER_SEC_BUSY_DEFAULT: u64 = 64 << 20;
 pub const APPEND_BYTES_MAX_DEFAULT: u64 = crate::log_store::APPEND_BYTES_MAX_DEFAULT;
 
@@ -66,6 +67,11 @@ pub struct RaftConfig {
     /// The state is checkpointed at every multiple of this log index; retention snapshots and
     /// purges at the newest checkpoint below its trim point.
     pub checkpoint_every_entries: u64,
+    /// A restart image (the state and what apply built, `sm/restart/`) is written each time this
+    /// many payload bytes were applied since the last one, so a restart re-applies at most about
+    /// this much of the log. 0: no images (a restart re-applies the
+    /// whole retained log).
+    pub restart_image_bytes: u64,
     /// Send appends to a follower without waiting for the previous one's answer (one ordered
     /// gRPC stream per follower). Off: one AppendEntries RPC at a time.
     pub pipeline_appends: bool,
@@ -87,6 +93,7 @@ impl Default for RaftConfig {
             catch_up_bytes_per_sec_busy: CATCH_UP_BYTES_PER_SEC_BUSY_DEFAULT,
             peer_secret: None,
             checkpoint_every_entries: CHECKPOINT_EVERY_ENTRIES_DEFAULT,
+            restart_image_bytes: RESTART_IMAGE_BYTES_DEFAULT,
             pipeline_appends: true,
         }
     }

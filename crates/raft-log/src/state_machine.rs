@@ -1,9 +1,11 @@
 //! The state-machine seam: the broker's state machine implements [`StateMachine`]; the adapter here
 //! turns it into openraft's `RaftStateMachine`.
 //!
-//! The state machine is in memory. On restart openraft installs the last persisted snapshot (if any)
-//! and re-applies every retained entry up to the persisted committed index, so the consume-queue
-//! index is rebuilt from the log itself. Snapshots carry state, never message bodies.
+//! The state machine is in memory. On restart the member loads its restart images ([`restart`]):
+//! the state and what apply built as of a recent entry, so openraft re-applies only the entries
+//! after it. Without usable images openraft installs the last persisted snapshot (if any) and
+//! re-applies every retained entry up to the persisted committed index, so the consume-queue index
+//! is rebuilt from the log itself. Snapshots carry state, never message bodies.
 //!
 //! ## `sm/snapshot.bin`, format version 1
 //!
@@ -16,7 +18,9 @@
 //! travel alone to a peer that installs the snapshot.
 
 pub mod format;
+pub mod restart;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -49,6 +53,21 @@ pub trait StateMachine: Send + Sync + 'static {
     fn snapshot(&self) -> Vec<u8>;
     /// Replaces the whole state with a snapshot's.
     fn restore(&mut self, data: &[u8]) -> io::Result<()>;
+    /// A restart image ([`restart`]): the whole state, with what apply built for the entries after
+    /// `since` (the index of the previous image, or of the state the member started from). None:
+    /// this state machine keeps no images, and a restart re-applies the retained log.
+    fn restart_image(&self, _since: u64) -> Option<Vec<u8>> {
+        None
+    }
+    /// Replaces the whole state with the one `images` (oldest first, a chain from
+    /// [`StateMachine::restart_image`]) describe. An error leaves the state as it was; the member
+    /// then starts from its snapshot and re-applies the log.
+    fn load_restart_images(&mut self, _images: &[Vec<u8>]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this state machine keeps no restart images",
+        ))
+    }
 }
 
 /// A state machine that keeps nothing: applies to an empty reply, snapshots to no bytes. For
@@ -124,6 +143,30 @@ pub struct Shared<S> {
     pub(crate) target: std::sync::atomic::AtomicU64,
     /// Apply takes a checkpoint of the (small) state at every multiple of this log index.
     checkpoint_every: u64,
+    /// Restart images ([`restart`]); None when `raft.restart_image_bytes` is 0.
+    images: Option<Images>,
+}
+
+/// The restart images of a member.
+struct Images {
+    dir: PathBuf,
+    /// Payload bytes applied between images.
+    every_bytes: u64,
+    writer: Mutex<restart::Writer>,
+    /// (index of the previous image or of the state started from, payload bytes applied since).
+    since: Mutex<(u64, u64)>,
+}
+
+/// What loading restart images at start found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartLoad {
+    /// Images loaded (0: none usable; the member re-applies from its snapshot).
+    pub images: usize,
+    /// The index the state was loaded at.
+    pub index: u64,
+    /// Bytes of the image files read.
+    pub bytes: u64,
+    pub millis: u64,
 }
 
 /// Checkpoints kept in memory; past it every other one is dropped (the oldest stay reachable).
@@ -140,10 +183,12 @@ pub struct Adapter<S> {
 }
 
 impl<S: StateMachine> Adapter<S> {
+    /// `restart_image_bytes`: payload bytes applied between restart images (0: none).
     pub fn new(
         sm: S,
         dir: &Path,
         checkpoint_every: u64,
+        restart_image_bytes: u64,
     ) -> io::Result<(Adapter<S>, Arc<Shared<S>>)> {
         std::fs::create_dir_all(dir)?;
         let snapshot_path = dir.join("snapshot.bin");
@@ -151,6 +196,21 @@ impl<S: StateMachine> Adapter<S> {
             Ok(b) => Some(SnapshotFile::decode(&snapshot_path, &b)?),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
+        };
+        let images_dir = dir.join("restart");
+        let images = if restart_image_bytes == 0 {
+            None
+        } else {
+            let floor = current
+                .as_ref()
+                .and_then(|f| f.meta.last_log_id.map(|l| l.index))
+                .unwrap_or(0);
+            Some(Images {
+                writer: Mutex::new(restart::Writer::start(images_dir.clone())?),
+                dir: images_dir,
+                every_bytes: restart_image_bytes,
+                since: Mutex::new((floor, 0)),
+            })
         };
         let shared = Arc::new(Shared {
             sm: RwLock::new(sm),
@@ -160,6 +220,7 @@ impl<S: StateMachine> Adapter<S> {
             checkpoints: Mutex::new(std::collections::BTreeMap::new()),
             target: std::sync::atomic::AtomicU64::new(0),
             checkpoint_every: checkpoint_every.max(1),
+            images,
         });
         Ok((
             Adapter {
@@ -175,6 +236,110 @@ fn lock_err() -> io::Error {
 }
 
 impl<S: StateMachine> Shared<S> {
+    /// Loads the restart images ([`restart`]) whose last entry `holds` says the log still has
+    /// (same index and term), before openraft starts: the member then re-applies only what came
+    /// after. Images that cannot be used are removed, and the state stays as it was.
+    pub fn load_restart_images(&self, holds: impl Fn(&LogId) -> bool) -> io::Result<RestartLoad> {
+        let started = std::time::Instant::now();
+        let mut found = RestartLoad {
+            images: 0,
+            index: 0,
+            bytes: 0,
+            millis: 0,
+        };
+        let Some(images) = &self.images else {
+            return Ok(found);
+        };
+        let floor = images.since.lock().map_err(|_| lock_err())?.0;
+        let mut files = BTreeMap::new();
+        for index in restart::list(&images.dir)? {
+            let path = restart::path_of(&images.dir, index);
+            let read = std::fs::read(&path)
+                .and_then(|b| Ok((b.len() as u64, restart::ImageFile::decode(&path, &b)?)));
+            match read {
+                Ok(f) => {
+                    files.insert(index, f);
+                }
+                Err(e) => tracing::warn!(error = %e, "restart image skipped"),
+            }
+        }
+        let prevs = files.iter().map(|(i, (_, f))| (*i, f.prev)).collect();
+        let chain = restart::chain(&prevs, floor, |i| {
+            files[&i].1.meta.last_log_id.as_ref().is_some_and(&holds)
+        });
+        let Some(&top) = chain.last() else {
+            if !files.is_empty() {
+                tracing::info!(
+                    images = files.len(),
+                    floor,
+                    "no chain of restart images fits the log: re-applying it"
+                );
+            }
+            self.image_writer(restart::Job::RemoveAll)?;
+            return Ok(found);
+        };
+        let meta = files[&top].1.meta.clone();
+        let mut datas = Vec::with_capacity(chain.len());
+        for i in &chain {
+            let (len, f) = files.remove(i).expect("in the chain");
+            found.bytes += len;
+            datas.push(f.data);
+        }
+        let mut sm = self.sm.write().map_err(|_| lock_err())?;
+        if let Err(e) = sm.load_restart_images(&datas) {
+            tracing::warn!(error = %e, "restart images refused: re-applying the log");
+            drop(sm);
+            self.image_writer(restart::Job::RemoveAll)?;
+            return Ok(found);
+        }
+        *self.applied.lock().map_err(|_| lock_err())? =
+            (meta.last_log_id, meta.last_membership.clone());
+        *images.since.lock().map_err(|_| lock_err())? = (top, 0);
+        found.images = chain.len();
+        found.index = top;
+        found.millis = started.elapsed().as_millis() as u64;
+        Ok(found)
+    }
+
+    fn image_writer(&self, job: restart::Job) -> io::Result<()> {
+        if let Some(images) = &self.images {
+            images.writer.lock().map_err(|_| lock_err())?.send(job);
+        }
+        Ok(())
+    }
+
+    /// Counts an applied payload; past `every_bytes` since the last image, takes one and hands
+    /// it to the writer.
+    fn after_apply(&self, log_id: LogId, payload_bytes: u64) -> io::Result<()> {
+        let Some(images) = &self.images else {
+            return Ok(());
+        };
+        let mut since = images.since.lock().map_err(|_| lock_err())?;
+        since.1 += payload_bytes;
+        if since.1 < images.every_bytes {
+            return Ok(());
+        }
+        let data = {
+            let sm = self.sm.read().map_err(|_| lock_err())?;
+            sm.restart_image(since.0)
+        };
+        let Some(data) = data else {
+            return Ok(());
+        };
+        let membership = self.applied.lock().map_err(|_| lock_err())?.1.clone();
+        let file = restart::ImageFile {
+            prev: since.0,
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id),
+                last_membership: membership,
+            },
+            data,
+        };
+        *since = (log_id.index, 0);
+        drop(since);
+        self.image_writer(restart::Job::Write(log_id.index, file))
+    }
+
     fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
         let bytes = file.encode()?;
         let tmp = self.snapshot_path.with_extension("tmp");
@@ -231,6 +396,11 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for Builder<S> {
             }
         };
         self.shared.persist(&file)?;
+        // Images at or below the snapshot hold only entries the trim dropped.
+        if let Some(l) = file.meta.last_log_id {
+            self.shared
+                .image_writer(restart::Job::RemoveUpto(l.index))?;
+        }
         let snap = Snapshot {
             meta: file.meta.clone(),
             snapshot: file.data.clone(),
@@ -257,6 +427,10 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let log_id = entry.log_id;
+            let payload_bytes = match &entry.payload {
+                EntryPayload::Normal(p) => p.0.len() as u64,
+                _ => 0,
+            };
             let reply = {
                 let mut sm = self.shared.sm.write().map_err(|_| lock_err())?;
                 let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
@@ -307,6 +481,7 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
                     }
                 }
             }
+            self.shared.after_apply(log_id, payload_bytes)?;
             // Every responder is answered, or the proposer would wait forever.
             if let Some(r) = responder {
                 r.send(Payload(reply));
@@ -332,6 +507,12 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
             let mut applied = self.shared.applied.lock().map_err(|_| lock_err())?;
             *applied = (meta.last_log_id, meta.last_membership.clone());
         }
+        // The state jumped: every image is of another history; the next chain starts here.
+        if let Some(images) = &self.shared.images {
+            *images.since.lock().map_err(|_| lock_err())? =
+                (meta.last_log_id.map(|l| l.index).unwrap_or(0), 0);
+        }
+        self.shared.image_writer(restart::Job::RemoveAll)?;
         let file = SnapshotFile {
             meta: meta.clone(),
             data: snapshot,
@@ -390,7 +571,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let body = snapshot_file().encode().unwrap();
         std::fs::write(dir.path().join("snapshot.bin"), format::envelope(3, &body)).unwrap();
-        let Err(e) = Adapter::new(NoState, dir.path(), 1) else {
+        let Err(e) = Adapter::new(NoState, dir.path(), 1, 0) else {
             panic!("a newer snapshot file was read");
         };
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
@@ -404,6 +585,6 @@ mod tests {
         );
         // Today's bytes still read.
         std::fs::write(dir.path().join("snapshot.bin"), &body).unwrap();
-        assert!(Adapter::new(NoState, dir.path(), 1).is_ok());
+        assert!(Adapter::new(NoState, dir.path(), 1, 0).is_ok());
     }
 }

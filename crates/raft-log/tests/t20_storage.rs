@@ -65,7 +65,7 @@ impl openraft::testing::log::StoreBuilder<TypeConfig, LogStore, Adapter<NoState>
         let dir = tempfile::tempdir().unwrap();
         let db = meta_db(dir.path());
         let store = open(dir.path(), &db);
-        let (sm, _) = Adapter::new(NoState, &dir.path().join("sm"), 1024).unwrap();
+        let (sm, _) = Adapter::new(NoState, &dir.path().join("sm"), 1024, 0).unwrap();
         Ok((dir, store, sm))
     }
 }
@@ -134,25 +134,55 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
     );
 }
 
-/// A flipped bit inside a sealed segment is caught by the CRC: that segment is cut there and every
-/// later segment is dropped, so the member never serves a damaged entry. Recovery also reports how
-/// far the member had stored (`repair_floor`), and the member refuses to vote or campaign until
-/// replication has brought its log back there (regression for bug E: a node whose log was cut
-/// voted and led with it, and the group diverged).
+/// A flipped bit inside a sealed segment is caught by the CRC.
+///
+/// With the segment's index file (written when it was sealed) the segment is not read at start:
+/// the damaged record is caught when it is read, and the read fails naming it rather than serving
+/// it. Without an index file (an older build's log, a lost index) recovery reads it: that segment
+/// is cut there and every later segment is dropped, so the member never serves a damaged entry.
+/// Recovery also reports how far the member had stored (`repair_floor`), and the member refuses to
+/// vote or campaign until replication has brought its log back there (regression for bug E: a
+/// node whose log was cut voted and led with it, and the group diverged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_flipped_bit_is_detected_by_crc() {
     // 1 MiB segments: about 3,000 entries of ~350 bytes spread over several segments.
     let dir = written_log(6000).await;
-    let mut segs: Vec<_> = std::fs::read_dir(dir.path().join("log"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    segs.sort();
+    let files = |ext: &str| {
+        let mut v: Vec<_> = std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == ext))
+            .collect();
+        v.sort();
+        v
+    };
+    let segs = files("log");
     assert!(segs.len() >= 2, "test needs several segments");
+    assert_eq!(
+        files("idx").len(),
+        segs.len() - 1,
+        "every sealed segment indexed"
+    );
     let mut bytes = std::fs::read(&segs[0]).unwrap();
     let at = bytes.len() / 2;
     bytes[at] ^= 0x04;
     std::fs::write(&segs[0], &bytes).unwrap();
+    {
+        let db = meta_db(dir.path());
+        let (mut store, report) = open_report(dir.path(), &db);
+        assert_eq!(
+            report.truncated_bytes, 0,
+            "an indexed segment is not read at start"
+        );
+        let mut r = store.get_log_reader().await;
+        let e = r.try_get_log_entries(1..=6000).await.unwrap_err();
+        assert!(e.to_string().contains("00000000000000000001.log"), "{e}");
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.unwrap().index, 6000);
+    }
+    for idx in files("idx") {
+        std::fs::remove_file(idx).unwrap();
+    }
     let db = meta_db(dir.path());
     let (mut store, report) = open_report(dir.path(), &db);
     assert!(report.truncated_bytes > 0);

@@ -137,6 +137,20 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
             };
             crate::commands::catchup::run(json, args).await
         }
+        BenchCmd::Restart {
+            mb,
+            size,
+            cold,
+            timeout_secs,
+        } => {
+            let args = crate::commands::restart_bench::RestartArgs {
+                mb,
+                size,
+                cold,
+                timeout_secs,
+            };
+            crate::commands::restart_bench::run(json, args).await
+        }
     }
 }
 

@@ -16,6 +16,7 @@ pub mod msg;
 pub mod node_status;
 pub mod playground;
 pub mod produce;
+pub mod restart_bench;
 pub mod topic;
 pub mod txn;
 pub mod users;

@@ -47,11 +47,18 @@ impl LogStore {
                 if !buf.is_empty() {
                     files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
                 }
-                // The segment being sealed leaves the page cache whole once it is on disk.
-                if g.page_cache_window_bytes > 0
-                    && let Some(sealed) = g.segments.values().next_back()
-                {
-                    files.push(sealed.sync_target(u64::MAX));
+                if let Some(sealed) = g.segments.values().next_back() {
+                    // The segment being sealed leaves the page cache whole once it is on disk.
+                    if g.page_cache_window_bytes > 0 {
+                        files.push(sealed.sync_target(u64::MAX));
+                    }
+                    // Its index file: the next start opens it without reading it. Without one
+                    // (a failed write) it is read whole, as before.
+                    if sealed.count() > 0
+                        && let Err(e) = sealed.write_index()
+                    {
+                        tracing::warn!(error = %e, "writing a sealed segment's index file");
+                    }
                 }
                 let dir = g.dir.clone();
                 let seg = Segment::create(&dir, id.index)?;

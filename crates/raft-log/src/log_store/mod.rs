@@ -118,7 +118,8 @@ pub struct RecoveryReport {
 }
 
 impl LogStore {
-    /// Opens (or creates) the log in `dir`, validating every record and cutting a torn tail.
+    /// Opens (or creates) the log in `dir`, validating every record (but those of sealed segments
+    /// with an index file) and cutting a torn tail.
     pub fn open(
         dir: &Path,
         meta: Meta,
@@ -134,6 +135,17 @@ impl LogStore {
         let (scanned, found) = recovery::survey(dir)?;
         let plan = recovery::plan(&found, purged.map(|p| p.index), committed.map(|c| c.index));
         let segments = recovery::apply(dir, scanned, &plan)?;
+        // Sealed segments read whole (written by an older build, or whose index was lost) get
+        // their index file now.
+        let sealed = segments.len().saturating_sub(1);
+        for seg in segments.values().take(sealed) {
+            if seg.count() > 0
+                && !seg.has_index()
+                && let Err(e) = seg.write_index()
+            {
+                tracing::warn!(error = %e, "writing a sealed segment's index file");
+            }
+        }
         let report = plan.report;
         let mut inner = Inner {
             dir: dir.to_path_buf(),

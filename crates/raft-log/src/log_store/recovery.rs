@@ -2,7 +2,8 @@
 //! the plan applied.
 //!
 //! [`survey`] lists the segment files and checks each record by record ([`Segment::recover`]
-//! reads only): its longest valid dense prefix, the bytes after it, the highest index seen.
+//! reads only; a sealed segment with a good index file is opened from it instead,
+//! [`Segment::open_indexed`]): its longest valid dense prefix, the bytes after it, the highest index seen.
 //! [`plan`] is a pure function of that and of the stored metadata (purge point, committed index):
 //! which tails to cut, which segments to delete, and the [`RecoveryReport`]. [`apply`] carries it
 //! out in order and syncs the directory.
@@ -145,8 +146,21 @@ pub(super) fn survey(dir: &Path) -> io::Result<(Vec<Segment>, Vec<Found>)> {
     firsts.sort();
     let mut segments = Vec::with_capacity(firsts.len());
     let mut found = Vec::with_capacity(firsts.len());
+    let last = firsts.last().map(|(f, _)| *f);
     for (first, path) in firsts {
-        let (seg, cut, seen) = Segment::recover(&path, first)?;
+        // A sealed segment with a good index file is not read (its records are checked when
+        // read); the last one, and any without a usable index, are read record by record.
+        let indexed = match Some(first) == last {
+            true => None,
+            false => Segment::open_indexed(&path, first)?,
+        };
+        let (seg, cut, seen) = match indexed {
+            Some(seg) => {
+                let seen = seg.next_index() - 1;
+                (seg, 0, seen)
+            }
+            None => Segment::recover(&path, first)?,
+        };
         found.push(Found {
             first,
             count: seg.count(),
@@ -443,5 +457,81 @@ mod tests {
         // A second survey finds a clean log.
         let (_, found) = survey(dir.path()).unwrap();
         assert_eq!(plan(&found, None, None).actions, vec![]);
+    }
+
+    /// A sealed segment with a good index file is opened from it; an index that no longer fits
+    /// its file (a longer file, a changed byte, a damaged last record) is ignored and the segment
+    /// read whole, as without one; a cut or a removal takes the index with it.
+    #[test]
+    fn t11_sealed_segments_open_from_their_index_file_only_when_it_fits() {
+        use crate::log_store::record;
+        use crate::types::{EntryPayload, log_id};
+        let dir = tempfile::tempdir().unwrap();
+        let write = |first: u64, next: u64, garbage: &[u8]| {
+            let mut buf = Vec::new();
+            for i in first..next {
+                record::encode(&mut buf, &log_id(1, 1, i), &EntryPayload::Blank).unwrap();
+            }
+            buf.extend_from_slice(garbage);
+            std::fs::write(Segment::path_for(dir.path(), first), buf).unwrap();
+        };
+        let idx = |first| Segment::path_for(dir.path(), first).with_extension("idx");
+        write(1, 4, &[]);
+        write(4, 7, &[]);
+        let (segments, found) = survey(dir.path()).unwrap();
+        assert_eq!(found, vec![seg(1, 3), seg(4, 3)]);
+        segments[0].write_index().unwrap();
+        let opened = Segment::open_indexed(&Segment::path_for(dir.path(), 1), 1)
+            .unwrap()
+            .expect("a good index opens the segment");
+        assert_eq!(
+            (opened.count(), opened.len()),
+            (segments[0].count(), segments[0].len())
+        );
+        let (_, found) = survey(dir.path()).unwrap();
+        assert_eq!(found, vec![seg(1, 3), seg(4, 3)]);
+        // The index of another segment, or one with a changed byte, opens nothing.
+        assert!(
+            Segment::open_indexed(&Segment::path_for(dir.path(), 1), 2)
+                .unwrap()
+                .is_none()
+        );
+        let good = std::fs::read(idx(1)).unwrap();
+        for at in [0, 9, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 1;
+            std::fs::write(idx(1), bad).unwrap();
+            assert!(
+                Segment::open_indexed(&Segment::path_for(dir.path(), 1), 1)
+                    .unwrap()
+                    .is_none(),
+                "byte {at}"
+            );
+        }
+        // The file grew a torn tail after the index was written: read whole, the tail cut, and
+        // the index goes with the cut.
+        std::fs::write(idx(1), &good).unwrap();
+        write(1, 4, &[9; 13]);
+        assert!(
+            Segment::open_indexed(&Segment::path_for(dir.path(), 1), 1)
+                .unwrap()
+                .is_none()
+        );
+        let (segments, found) = survey(dir.path()).unwrap();
+        assert_eq!(found, vec![torn(1, 3, 13), seg(4, 3)]);
+        let p = plan(&found, None, None);
+        apply(dir.path(), segments, &p).unwrap();
+        assert!(!idx(1).exists(), "the cut removed the index");
+        // A damaged last record with an index of the right length: read whole.
+        write(1, 4, &[]);
+        write(4, 7, &[]);
+        let (segments, _) = survey(dir.path()).unwrap();
+        segments[0].write_index().unwrap();
+        let mut b = std::fs::read(Segment::path_for(dir.path(), 1)).unwrap();
+        let n = b.len();
+        b[n - 1] ^= 0xFF;
+        std::fs::write(Segment::path_for(dir.path(), 1), b).unwrap();
+        let (_, found) = survey(dir.path()).unwrap();
+        assert_eq!(found[0].count, 2, "{found:?}");
     }
 }

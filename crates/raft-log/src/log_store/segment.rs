@@ -83,8 +83,73 @@ impl Segment {
         ))
     }
 
+    /// Opens a sealed segment from its index file ([`Self::write_index`]) instead of reading every
+    /// record: None (read it all then) when the index is missing, damaged, of another segment, or
+    /// of another length of the file, or when the last record it names does not check out.
+    /// Records are still checked (index and CRC) whenever they are read.
+    pub fn open_indexed(path: &Path, first_index: u64) -> io::Result<Option<Segment>> {
+        let Ok(idx) = std::fs::read(path.with_extension(INDEX_EXT)) else {
+            return Ok(None);
+        };
+        let Some(positions) = decode_index(&idx, first_index) else {
+            return Ok(None);
+        };
+        let Some((&last_pos, len)) = positions.last().zip(index_len(&idx)) else {
+            return Ok(None);
+        };
+        let file = OpenOptions::new().read(true).append(true).open(path)?;
+        let file_len = file.metadata()?.len();
+        let last = first_index + positions.len() as u64 - 1;
+        let mut payload = Vec::new();
+        match check_record(&file, file_len, last_pos, last, &mut payload)? {
+            Check::Valid(n) if file_len == len && last_pos + n == len => {}
+            _ => return Ok(None),
+        }
+        Ok(Some(Segment {
+            first_index,
+            path: Arc::new(path.to_path_buf()),
+            file: Arc::new(file),
+            positions,
+            len,
+            uncached_to: Arc::default(),
+        }))
+    }
+
+    /// Writes this (sealed) segment's index file: its record positions and length, so the next
+    /// start opens it without reading it ([`Self::open_indexed`]). Written in place of a temporary
+    /// file; a torn one fails its checksum and the segment is read whole.
+    pub fn write_index(&self) -> io::Result<()> {
+        let mut out = Vec::with_capacity(INDEX_HEADER_BYTES + 8 * self.positions.len() + 4);
+        out.extend_from_slice(INDEX_MAGIC);
+        out.extend_from_slice(&self.first_index.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&(self.positions.len() as u64).to_le_bytes());
+        for p in &self.positions {
+            out.extend_from_slice(&p.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        let path = self.path.with_extension(INDEX_EXT);
+        let tmp = self.path.with_extension("idx.tmp");
+        std::fs::write(&tmp, &out)?;
+        std::fs::rename(&tmp, &path)
+    }
+
+    /// Whether this segment has an index file.
+    pub fn has_index(&self) -> bool {
+        self.path.with_extension(INDEX_EXT).exists()
+    }
+
+    fn remove_index(&self) -> io::Result<()> {
+        match std::fs::remove_file(self.path.with_extension(INDEX_EXT)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Cuts the file to the valid prefix [`Self::recover`] found, durably.
     pub fn cut_to_valid(&self) -> io::Result<()> {
+        self.remove_index()?;
         self.file.set_len(self.len)?;
         self.file.sync_all()
     }
@@ -193,6 +258,7 @@ impl Segment {
         if next >= self.next_index() {
             return Ok(());
         }
+        self.remove_index()?;
         let keep = next.saturating_sub(self.first_index) as usize;
         let new_len = self.positions.get(keep).copied().unwrap_or(self.len);
         self.positions.truncate(keep);
@@ -210,8 +276,41 @@ impl Segment {
 
     pub fn remove(self) -> io::Result<()> {
         let _ = std::fs::remove_file(self.path.with_extension("durable"));
+        self.remove_index()?;
         std::fs::remove_file(&*self.path)
     }
+}
+
+/// A sealed segment's index file, `{first_index:020}.idx` beside it: `INDEX_MAGIC`, then as u64
+/// LE the first index, the segment's length in bytes and the record count, then each record's
+/// position (u64 LE), then a CRC-32 (u32 LE) of everything before it.
+const INDEX_EXT: &str = "idx";
+const INDEX_MAGIC: &[u8; 8] = b"RMQIDX01";
+const INDEX_HEADER_BYTES: usize = 8 + 3 * 8;
+
+/// The positions an index file holds, if it is whole, of `first_index` and names at least one
+/// record.
+fn decode_index(b: &[u8], first_index: u64) -> Option<Vec<u64>> {
+    let (body, crc) = b.split_last_chunk::<4>()?;
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return None;
+    }
+    let rest = body.strip_prefix(INDEX_MAGIC)?;
+    let word = |i: usize| {
+        rest.get(i * 8..i * 8 + 8)
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+    };
+    let (first, count) = (word(0)?, word(2)?);
+    if first != first_index || count == 0 || rest.len() as u64 != (3 + count) * 8 {
+        return None;
+    }
+    (3..3 + count as usize).map(word).collect()
+}
+
+/// The segment length an index file (already checked by [`decode_index`]) records.
+fn index_len(b: &[u8]) -> Option<u64> {
+    b.get(16..24)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
 }
 
 /// What the record at a position is.

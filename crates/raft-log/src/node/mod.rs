@@ -115,8 +115,30 @@ impl<S: StateMachine> Member<S> {
         store.set_catch_up_bytes_per_sec_busy(cfg.raft.catch_up_bytes_per_sec_busy);
         let reader = store.reader();
         let sm_dir = dir.join("sm");
-        let (adapter, shared) = Adapter::new(sm, &sm_dir, cfg.raft.checkpoint_every_entries)
-            .map_err(|e| Error::io("open the snapshots in", &sm_dir, e))?;
+        let (adapter, shared) = Adapter::new(
+            sm,
+            &sm_dir,
+            cfg.raft.checkpoint_every_entries,
+            cfg.raft.restart_image_bytes,
+        )
+        .map_err(|e| Error::io("open the snapshots in", &sm_dir, e))?;
+        let loaded = shared
+            .load_restart_images(|id| {
+                reader
+                    .read(id.index, id.index + 1)
+                    .is_ok_and(|v| v.first().is_some_and(|(l, _)| l == id))
+            })
+            .map_err(|e| Error::io("load the restart images in", &sm_dir, e))?;
+        if loaded.images > 0 {
+            tracing::info!(
+                images = loaded.images,
+                index = loaded.index,
+                bytes = loaded.bytes,
+                ms = loaded.millis,
+                "state loaded from restart images; re-applying only the entries after index {}",
+                loaded.index
+            );
+        }
         let me = Identity {
             cluster: cfg.cluster.clone(),
             broker: cfg.broker.clone(),

@@ -1,0 +1,288 @@
+//! `raftmq bench restart`: how long a node holding a large log takes from start to ready, with
+//! its restart images and without them.
+//!
+//! A local cluster's log is filled with `--mb` MiB of messages (each with a client message id,
+//! as RocketMQ 5 clients send them, so the id index is part of what a restart must rebuild).
+//! Once every node has applied it, a follower is SIGKILLed and started again twice:
+//! 1. on its data as it is: it loads its restart images and re-applies only the log after the
+//!    newest one;
+//! 2. with its images deleted: it re-applies its whole retained log (what every restart did
+//!    before images).
+//!
+//! Each time the bench waits until the node has applied everything the leader had committed and
+//! is ready (the health service's readiness), printing its progress every half second, and
+//! reports the time from the start of the process. With `--cold` it drops the OS page cache
+//! before each start (root only), as after a reboot.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use raftmq_client::Admin;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::commands::bench::{ProduceShape, StealMeter, live_leader, produce, steal_line};
+use crate::commands::catchup::dir_bytes;
+use crate::connect::Target;
+use crate::local_cluster::{LocalCluster, LocalClusterOptions};
+use crate::output::{json_line, table};
+
+pub struct RestartArgs {
+    pub mb: u64,
+    pub size: usize,
+    pub cold: bool,
+    pub timeout_secs: u64,
+}
+
+/// What the node's log says it loaded at start (the raft-log crate's line).
+const LOADED: &str = "state loaded from restart images";
+
+/// One start of the follower.
+struct Start {
+    how: &'static str,
+    images_mb: f64,
+    answered: Option<Duration>,
+    ready: Option<Duration>,
+    /// The node's own line on what it loaded, if it loaded images.
+    loaded: Option<String>,
+}
+
+/// Drops the OS page cache (clean pages only, after a sync): the next reads come from the disk.
+fn drop_page_cache() -> Result<()> {
+    std::process::Command::new("sync")
+        .status()
+        .context("sync")?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .context("dropping the page cache (--cold needs root)")
+}
+
+/// Starts node `id` and waits until it is ready with `target` applied.
+async fn start_once(
+    cluster: &mut LocalCluster,
+    admin: &Admin,
+    id: u64,
+    target: u64,
+    how: &'static str,
+    cold: bool,
+    timeout: Duration,
+) -> Result<Start> {
+    let images_mb = dir_bytes(&cluster.data_dir(id).join("sm/restart")) as f64 / 1e6;
+    let log_before = std::fs::read_to_string(cluster.log_path(id)).unwrap_or_default();
+    if cold {
+        drop_page_cache()?;
+    }
+    eprintln!("starting node {id} ({how}); it must apply index {target}");
+    let t0 = Instant::now();
+    cluster.spawn(id)?;
+    let mut answered = None;
+    let mut ready = None;
+    let mut next_line = t0;
+    while t0.elapsed() < timeout {
+        cluster.check_children()?;
+        let st = cluster
+            .statuses(admin)
+            .await
+            .into_iter()
+            .find(|(n, _)| *n == id)
+            .and_then(|(_, s)| s);
+        if st.is_some() && answered.is_none() {
+            answered = Some(t0.elapsed());
+        }
+        let applied = st.as_ref().map_or(0, |s| s.applied);
+        if st.as_ref().is_some_and(|s| s.ready && s.applied >= target) {
+            ready = Some(t0.elapsed());
+            break;
+        }
+        if Instant::now() >= next_line {
+            eprintln!(
+                "  {:>6.1} s  node {id} {}",
+                t0.elapsed().as_secs_f64(),
+                match &st {
+                    None => "not answering yet (loading and re-applying)".to_string(),
+                    Some(_) => format!(
+                        "applied {applied} of {target} ({:.1} %)",
+                        applied as f64 * 100.0 / target.max(1) as f64
+                    ),
+                }
+            );
+            next_line += Duration::from_millis(500);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = std::fs::read_to_string(cluster.log_path(id)).unwrap_or_default();
+    let loaded = log
+        .get(log_before.len()..)
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.contains(LOADED))
+        .map(|l| {
+            // The fields after the message: images=… index=… bytes=… ms=…
+            l.split(LOADED)
+                .nth(1)
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter(|w| w.contains('='))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+    Ok(Start {
+        how,
+        images_mb,
+        answered,
+        ready,
+        loaded,
+    })
+}
+
+pub async fn run(json: bool, args: RestartArgs) -> Result<()> {
+    eprintln!("starting a local cluster");
+    let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
+    let ns = Target::plaintext(&cluster.nameserver);
+    let admin = ns.admin()?;
+    let topic = "bench";
+    admin
+        .create_topic(topic, 8, None)
+        .await
+        .context("creating topic bench")?;
+    let steal = StealMeter::start();
+    let count = (args.mb << 20) / args.size.max(1) as u64;
+    eprintln!(
+        "filling the log: {} MiB ({count} messages of {} B, each with a client message id)",
+        args.mb, args.size
+    );
+    let shape = ProduceShape {
+        inflight: 256,
+        ids: true,
+        ..Default::default()
+    };
+    let fill = produce(&ns, topic, count, args.size, shape, true).await?;
+    if fill.failed > 0 {
+        bail!(
+            "{} sends failed while filling the log: {}",
+            fill.failed,
+            fill.first_error.unwrap_or_default()
+        );
+    }
+    let (leader, _) = live_leader(&cluster, &admin)
+        .await
+        .context("no leader in the local cluster")?;
+    let target = cluster
+        .statuses(&admin)
+        .await
+        .into_iter()
+        .find(|(n, _)| *n == leader)
+        .and_then(|(_, s)| s)
+        .context("the leader stopped answering")?
+        .committed;
+    let follower = cluster
+        .nodes
+        .keys()
+        .copied()
+        .find(|id| *id != leader)
+        .context("no follower")?;
+    let data_dir = cluster.data_dir(follower);
+    // Every node has applied the fill (and so written its images) before the first kill.
+    let until = Instant::now() + Duration::from_secs(args.timeout_secs);
+    loop {
+        let st = cluster.statuses(&admin).await;
+        if st
+            .iter()
+            .all(|(_, s)| s.as_ref().is_some_and(|s| s.applied >= target))
+        {
+            break;
+        }
+        if Instant::now() > until {
+            bail!("the nodes did not all apply index {target}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The writer thread writes an image a moment after apply asks for it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log_gb = dir_bytes(&data_dir.join("log")) as f64 / 1e9;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let mut starts = Vec::new();
+    cluster.kill(follower)?;
+    starts.push(
+        start_once(
+            &mut cluster,
+            &admin,
+            follower,
+            target,
+            "from its restart images",
+            args.cold,
+            timeout,
+        )
+        .await?,
+    );
+    cluster.kill(follower)?;
+    let images = data_dir.join("sm/restart");
+    if images.exists() {
+        std::fs::remove_dir_all(&images)
+            .with_context(|| format!("deleting {}", images.display()))?;
+    }
+    starts.push(
+        start_once(
+            &mut cluster,
+            &admin,
+            follower,
+            target,
+            "images deleted: re-applying the whole log",
+            args.cold,
+            timeout,
+        )
+        .await?,
+    );
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let cpu_steal_pct = steal.pct();
+    if json {
+        for s in &starts {
+            println!(
+                "{}",
+                json_line(&json!({
+                    "bench": "restart", "how": s.how, "mb": args.mb, "size": args.size,
+                    "cold": args.cold, "log_gb": log_gb, "target_index": target,
+                    "images_mb": s.images_mb,
+                    "answered_seconds": secs(s.answered),
+                    "ready_seconds": secs(s.ready),
+                    "loaded": s.loaded,
+                    "fill_msgs_per_sec": fill.acked as f64 / fill.elapsed.as_secs_f64(),
+                    "cpu_steal_pct": cpu_steal_pct,
+                }))
+            );
+        }
+    } else {
+        let rows: Vec<Vec<String>> = starts
+            .iter()
+            .map(|s| {
+                vec![
+                    s.how.to_string(),
+                    format!("{log_gb:.2} GB"),
+                    format!("{:.0} MB", s.images_mb),
+                    s.answered
+                        .map_or("no".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+                    s.ready
+                        .map_or("NO".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+                    s.loaded.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        println!(
+            "{}",
+            table(
+                &["start", "log", "images", "answers", "ready", "loaded"],
+                &rows
+            )
+        );
+        if let Some(steal) = cpu_steal_pct {
+            println!("{}", steal_line(steal));
+        }
+    }
+    if let Some(s) = starts.iter().find(|s| s.ready.is_none()) {
+        bail!(
+            "node {follower} was not ready within {} s ({})",
+            args.timeout_secs,
+            s.how
+        );
+    }
+    Ok(())
+}

@@ -725,8 +725,9 @@ pub enum BenchCmd {
         timeout_secs: u64,
     },
     /// Fill a local cluster's log with --mb megabytes, then SIGKILL a follower and start it
-    /// twice: from its restart images, and with them deleted (re-applying its whole log); report
-    /// each start's time to ready.
+    /// three times: from its restart images, with them deleted (re-applying its whole log), and
+    /// without its segment index files too (reading every record first); report each start's
+    /// time to ready.
     Restart {
         /// Megabytes (MiB) of messages in the log.
         #[arg(long, default_value_t = 10240)]

@@ -56,7 +56,7 @@ mod admin;
 mod broker;
 pub mod inspect;
 mod pop;
-mod reads;
+pub mod reads;
 pub mod schedule;
 pub mod send;
 mod status;

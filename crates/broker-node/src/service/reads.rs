@@ -13,6 +13,47 @@ use crate::error::{Error, Internal, Refused, Result};
 use crate::hint::{self, FollowerView, NodeView, PullPosition};
 use crate::metrics;
 
+/// Appends to `msgs` (up to `max` in all) the messages of run `r` of `queue` from offset `from`,
+/// read from its entry's bytes `data`: bodies are served as slices of the entry, never copied.
+/// Public for the instruction-count bench (`examples/hot_paths.rs`).
+pub fn run_messages(
+    broker: &str,
+    queue: u32,
+    r: &crate::state::Run,
+    data: &bytes::Bytes,
+    from: u64,
+    max: u32,
+    msgs: &mut Vec<StoredMessage>,
+) -> Result<()> {
+    let view = CommandView::view(data);
+    let Some((messages, timestamp_ms)) = view.as_ref().ok().and_then(|v| v.stored()) else {
+        return Err(Error::from(Internal::NotASend { index: r.log_index }));
+    };
+    let skip = from.saturating_sub(r.first_offset) as usize;
+    for (i, m) in messages.iter().enumerate().skip(skip) {
+        if msgs.len() as u32 >= max {
+            break;
+        }
+        msgs.push(StoredMessage {
+            queue,
+            offset: r.first_offset + i as u64,
+            msg_id: msg_id(broker, r.log_index, i as u32),
+            key: m.key.to_string(),
+            tag: m.tag.to_string(),
+            body: data.slice_ref(m.body),
+            properties: m
+                .properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            store_timestamp_ms: timestamp_ms,
+            log_index: r.log_index,
+            scheduled: false,
+        });
+    }
+    Ok(())
+}
+
 impl Broker {
     /// Answers a pull: the messages from the requested offset (waiting up to `max_wait_ms` at the
     /// tail for more) and the node to pull from next.
@@ -133,33 +174,7 @@ impl Broker {
             let Some((_, Some(data))) = entries.into_iter().next() else {
                 return Ok((msgs, true));
             };
-            // Bodies are served as slices of the entry read from the log: never copied here.
-            let view = CommandView::view(&data);
-            let Some((messages, timestamp_ms)) = view.as_ref().ok().and_then(|v| v.stored()) else {
-                return Err(Error::from(Internal::NotASend { index: r.log_index }));
-            };
-            let skip = (o - r.first_offset) as usize;
-            for (i, m) in messages.iter().enumerate().skip(skip) {
-                if msgs.len() as u32 >= max {
-                    break;
-                }
-                msgs.push(StoredMessage {
-                    queue,
-                    offset: r.first_offset + i as u64,
-                    msg_id: msg_id(&self.node.cfg.broker, r.log_index, i as u32),
-                    key: m.key.to_string(),
-                    tag: m.tag.to_string(),
-                    body: data.slice_ref(m.body),
-                    properties: m
-                        .properties
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                    store_timestamp_ms: timestamp_ms,
-                    log_index: r.log_index,
-                    scheduled: false,
-                });
-            }
+            run_messages(&self.node.cfg.broker, queue, &r, &data, o, max, &mut msgs)?;
             o = r.first_offset + r.count as u64;
         }
         Ok((msgs, false))

@@ -306,7 +306,7 @@ pub fn check_message_groups(req: &SendRequest, topic_type: u32) -> Result<(), Re
 }
 
 /// A request's messages as the command stores them (no body is copied).
-pub(super) fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody> {
+pub fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody> {
     messages
         .into_iter()
         .map(|m| StoredBody {

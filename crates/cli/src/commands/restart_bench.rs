@@ -6,8 +6,9 @@
 //! Once every node has applied it, a follower is SIGKILLed and started again twice:
 //! 1. on its data as it is: it loads its restart images and re-applies only the log after the
 //!    newest one;
-//! 2. with its images deleted: it re-applies its whole retained log (what every restart did
-//!    before images).
+//! 2. with its images deleted: it re-applies its whole retained log;
+//! 3. with its images and its sealed segments' index files deleted: recovery also reads and
+//!    checks every record first (what every restart did before either).
 //!
 //! Each time the bench waits until the node has applied everything the leader had committed and
 //! is ready (the health service's readiness), printing its progress every half second, and
@@ -227,6 +228,31 @@ pub async fn run(json: bool, args: RestartArgs) -> Result<()> {
             follower,
             target,
             "images deleted: re-applying the whole log",
+            args.cold,
+            timeout,
+        )
+        .await?,
+    );
+    // And as every restart was before either: no images, no segment index files (recovery reads
+    // and checks every record, then the whole log is re-applied).
+    cluster.kill(follower)?;
+    if images.exists() {
+        std::fs::remove_dir_all(&images)
+            .with_context(|| format!("deleting {}", images.display()))?;
+    }
+    for e in std::fs::read_dir(data_dir.join("log"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "idx") {
+            std::fs::remove_file(&p).with_context(|| format!("deleting {}", p.display()))?;
+        }
+    }
+    starts.push(
+        start_once(
+            &mut cluster,
+            &admin,
+            follower,
+            target,
+            "images and segment index files deleted",
             args.cold,
             timeout,
         )

@@ -69,7 +69,7 @@ pub struct ReceivedMessage {
     pub tag: String,
     /// The body as received: a slice of the pull reply, not copied ([`Bytes`] derefs to `[u8]`).
     pub body: Bytes,
-    pub properties: HashMap<String, String>,
+    pub properties: std::collections::BTreeMap<String, String>,
     pub store_timestamp_ms: u64,
     /// The node that served the pull.
     pub served_by: Option<v1::NodeRef>,

@@ -61,7 +61,7 @@ pub struct Message {
     pub key: String,
     pub tag: String,
     pub body: Vec<u8>,
-    pub properties: HashMap<String, String>,
+    pub properties: std::collections::BTreeMap<String, String>,
 }
 
 impl Message {

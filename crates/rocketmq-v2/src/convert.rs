@@ -57,7 +57,7 @@ pub fn to_v1(m: &pb::Message, body_bytes_max: u64) -> Result<v1::Message, Error>
             ),
         ));
     }
-    let mut properties = HashMap::with_capacity(m.user_properties.len() + 6);
+    let mut properties = std::collections::BTreeMap::new();
     for (k, v) in &m.user_properties {
         if k.starts_with(RESERVED_PREFIX) {
             return Err(Error::refused(
@@ -364,7 +364,7 @@ mod tests {
             key: "k1 k2".into(),
             tag: String::new(),
             body: b"x".to_vec().into(),
-            properties: HashMap::from([("a".to_string(), "b".to_string())]),
+            properties: std::collections::BTreeMap::from([("a".to_string(), "b".to_string())]),
             store_timestamp_ms: 5_000,
             log_index: 1,
             scheduled: false,

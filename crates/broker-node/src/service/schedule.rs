@@ -21,7 +21,7 @@ use raftmq_rocketmq_v2::convert::P_MSGID;
 /// an error naming the message when it is not a number of milliseconds.
 pub fn deliver_at(
     index: usize,
-    properties: &std::collections::HashMap<String, String>,
+    properties: &std::collections::BTreeMap<String, String>,
 ) -> Result<Option<u64>, Refused> {
     let Some(v) = properties.get(raftmq_proto::DELIVER_AT_PROPERTY) else {
         return Ok(None);

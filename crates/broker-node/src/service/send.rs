@@ -353,7 +353,6 @@ impl Reply {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
 
     use raftmq_proto::v1::Message;
 
@@ -403,7 +402,7 @@ mod tests {
             properties: props
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<HashMap<_, _>>(),
+                .collect(),
             ..Default::default()
         }
     }

@@ -31,24 +31,64 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
             size,
             shape,
         } => {
-            let (_cluster, ns) = setup(remote, &target).await?;
+            let (cluster, ns) = setup(remote, &target).await?;
+            let many = match shape.topics > 1 {
+                true => Some(make_topics(&ns, cluster.as_ref(), &target, shape.topics).await?),
+                false => None,
+            };
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
             if json {
-                println!(
-                    "{}",
-                    json_line(&with_security(
-                        json!({
-                            "bench": "produce", "size": size, "inflight": shape.inflight,
-                            "keys": shape.keys, "messages": t.messages, "failed": r.failed,
-                            "seconds": t.seconds, "msgs_per_sec": t.msgs_per_sec,
-                            "mb_per_sec": t.mb_per_sec, "latency_ms": r.latency,
-                            "cpu_steal_pct": r.cpu_steal_pct,
-                        }),
-                        &ns
-                    ))
-                );
+                let mut v = json!({
+                    "bench": "produce", "size": size, "inflight": shape.inflight,
+                    "keys": shape.keys, "topics": shape.topics.max(1),
+                    "messages": t.messages, "failed": r.failed,
+                    "seconds": t.seconds, "msgs_per_sec": t.msgs_per_sec,
+                    "mb_per_sec": t.mb_per_sec, "latency_ms": r.latency,
+                    "cpu_steal_pct": r.cpu_steal_pct,
+                });
+                if let Some(m) = &many {
+                    v["queues"] = json!(m.queues);
+                    v["create_topics_seconds"] = json!(m.create_secs);
+                    v["leader_rss_before_topics"] = json!(m.leader_rss.map(|r| r.0));
+                    v["leader_rss_after_topics"] = json!(m.leader_rss.map(|r| r.1));
+                    v["route_lookup_ms_one_topic"] = json!(m.route_before);
+                    v["route_lookup_ms_all_topics"] = json!(m.route_after);
+                    v["leader_rss_after_run"] = json!(m.leader_pid.and_then(rss_bytes));
+                }
+                println!("{}", json_line(&with_security(v, &ns)));
             } else {
+                if let Some(m) = &many {
+                    println!(
+                        "{} topics, {} queues made in {:.1} s",
+                        m.topics, m.queues, m.create_secs
+                    );
+                    if let Some((a, b)) = m.leader_rss {
+                        println!(
+                            "leader memory: {:.1} MB before, {:.1} MB after: {:.0} bytes per queue",
+                            a as f64 / 1e6,
+                            b as f64 / 1e6,
+                            b.saturating_sub(a) as f64 / m.queues.max(1) as f64
+                        );
+                    }
+                    println!(
+                        "route lookup p50/p99: {:.2}/{:.2} ms for one topic, {:.2}/{:.2} ms over all {}",
+                        m.route_before.p50_ms,
+                        m.route_before.p99_ms,
+                        m.route_after.p50_ms,
+                        m.route_after.p99_ms,
+                        m.topics
+                    );
+                    if let Some((rss, (_, before))) =
+                        m.leader_pid.and_then(rss_bytes).zip(m.leader_rss)
+                    {
+                        println!(
+                            "leader memory after the run: {:.1} MB ({:.0} bytes per message stored)",
+                            rss as f64 / 1e6,
+                            rss.saturating_sub(before) as f64 / t.messages.max(1) as f64
+                        );
+                    }
+                }
                 let keys = if shape.keys > 0 {
                     format!(", {} keys", shape.keys)
                 } else {
@@ -266,6 +306,106 @@ pub struct ProduceShape {
     /// set one), which broker groups index for `msg get`.
     #[arg(long)]
     pub(crate) ids: bool,
+    /// Spread the sends round-robin over this many topics (`<topic>-0` … `<topic>-(N-1)`, each
+    /// with --queues queues, created when missing) instead of the one --topic. Also reports the
+    /// leader's memory per queue and route lookups before and after making them.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) topics: u32,
+}
+
+/// The names `produce` sends to: `topic`, or `topic-0` … with `--topics N`.
+fn topic_names(topic: &str, topics: u32) -> Vec<String> {
+    if topics > 1 {
+        (0..topics).map(|i| format!("{topic}-{i}")).collect()
+    } else {
+        vec![topic.to_string()]
+    }
+}
+
+/// A process's resident memory in bytes (Linux), if it can be read.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// What making many topics cost (`bench produce --topics N`).
+struct ManyTopics {
+    topics: u32,
+    queues: u64,
+    create_secs: f64,
+    /// The leader's resident memory before and after making them (local clusters only).
+    leader_rss: Option<(u64, u64)>,
+    /// 200 route lookups of the one topic before, and over all of them after.
+    route_before: LatencySummary,
+    route_after: LatencySummary,
+    leader_pid: Option<u32>,
+}
+
+/// Times 200 route lookups, cycling over `names` with a stride.
+async fn route_lookups(admin: &Admin, names: &[String]) -> Result<LatencySummary> {
+    let mut lat = Vec::with_capacity(200);
+    for i in 0..200usize {
+        let name = &names[(i * 7919) % names.len()];
+        let t0 = Instant::now();
+        admin
+            .route(name)
+            .await
+            .with_context(|| format!("route of {name}"))?;
+        lat.push(t0.elapsed());
+    }
+    Ok(crate::stats::summarize(&mut lat))
+}
+
+/// Makes the topics of `bench produce --topics N` (those missing), measuring what they cost.
+async fn make_topics(
+    ns: &Target,
+    cluster: Option<&LocalCluster>,
+    target: &BenchTarget,
+    topics: u32,
+) -> Result<ManyTopics> {
+    let admin = ns.admin()?;
+    let leader_pid = match cluster {
+        Some(c) => live_leader(c, &admin).await.and_then(|(id, _)| c.pid(id)),
+        None => None,
+    };
+    let route_before = route_lookups(&admin, &[target.topic.clone()]).await?;
+    let rss0 = leader_pid.and_then(rss_bytes);
+    let names = topic_names(&target.topic, topics);
+    let t0 = Instant::now();
+    for (i, name) in names.iter().enumerate() {
+        match admin.route(name).await {
+            Ok(_) => continue,
+            Err(e) if e.code() == Some(ErrorCode::TopicNotFound) => {}
+            Err(e) => return Err(e.into()),
+        }
+        admin
+            .create_topic(name, target.queues, None)
+            .await
+            .with_context(|| format!("creating topic {name}"))?;
+        if (i + 1) % 100 == 0 {
+            eprintln!("  made {} of {topics} topics", i + 1);
+        }
+    }
+    let create_secs = t0.elapsed().as_secs_f64();
+    let rss1 = leader_pid.and_then(rss_bytes);
+    let route_after = route_lookups(&admin, &names).await?;
+    Ok(ManyTopics {
+        topics,
+        queues: topics as u64 * target.queues as u64,
+        create_secs,
+        leader_rss: rss0.zip(rss1),
+        route_before,
+        route_after,
+        leader_pid,
+    })
 }
 
 /// The property RocketMQ 5 clients' message ids are stored in (the RocketMQ 5 front's name).
@@ -294,6 +434,7 @@ pub(crate) async fn produce(
         builder = builder.batch_messages(n);
     }
     let producer = builder.build()?;
+    let topics = topic_names(topic, shape.topics);
     let mut lat = Vec::with_capacity(count as usize);
     let mut pending = FuturesUnordered::new();
     let (mut sent, mut acked, mut failed) = (0u64, 0u64, 0u64);
@@ -313,11 +454,12 @@ pub(crate) async fn produce(
             if shape.ids {
                 message = message.with_property(CLIENT_ID_PROPERTY, format!("id-{sent}"));
             }
+            let to = topics[(sent % topics.len() as u64) as usize].as_str();
             sent += 1;
             let p = &producer;
             pending.push(async move {
                 let t0 = Instant::now();
-                let r = p.send(topic, message).await;
+                let r = p.send(to, message).await;
                 (t0.elapsed(), r)
             });
         }

@@ -376,7 +376,7 @@ async fn make_topics(
         Some(c) => live_leader(c, &admin).await.and_then(|(id, _)| c.pid(id)),
         None => None,
     };
-    let route_before = route_lookups(&admin, &[target.topic.clone()]).await?;
+    let route_before = route_lookups(&admin, std::slice::from_ref(&target.topic)).await?;
     let rss0 = leader_pid.and_then(rss_bytes);
     let names = topic_names(&target.topic, topics);
     let t0 = Instant::now();

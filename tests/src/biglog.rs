@@ -355,6 +355,28 @@ pub async fn read_replica(addr: &str, acked: &Acked) -> Result<Replica, String> 
     })
 }
 
+/// Reads every node's queues of topic `big` ([`read_replica`]) and checks that each holds every
+/// acknowledged message where it was acknowledged, no duplicate and nothing foreign, and that all
+/// are identical (message counts and a digest of every offset and body). Returns one of them.
+pub async fn replicas_identical(c: &Cluster, acked: &Acked) -> Replica {
+    let mut replicas = Vec::new();
+    for (id, n) in &c.nodes {
+        let r = read_replica(&n.addr, acked)
+            .await
+            .unwrap_or_else(|e| panic!("node {id}: {e}"));
+        assert_eq!((r.duplicates, r.foreign), (0, 0), "node {id}");
+        replicas.push((*id, r));
+    }
+    for (id, r) in &replicas[1..] {
+        assert_eq!(
+            r, &replicas[0].1,
+            "node {id} differs from node {}",
+            replicas[0].0
+        );
+    }
+    replicas.swap_remove(0).1
+}
+
 /// Every running node's highest term seen in its status.
 pub async fn max_term(c: &Cluster) -> u64 {
     let mut t = 0;

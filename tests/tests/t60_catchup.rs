@@ -143,25 +143,11 @@ async fn catch_up(loss: Loss, under_load: bool) {
     );
     // Every replica holds every acknowledged message where it was acknowledged, and the same
     // queues (message counts and a digest of every offset and body).
-    let mut replicas = Vec::new();
-    for (id, n) in &c.nodes {
-        let r = biglog::read_replica(&n.addr, &acked)
-            .await
-            .unwrap_or_else(|e| panic!("node {id}: {e}"));
-        assert_eq!((r.duplicates, r.foreign), (0, 0), "node {id}");
-        replicas.push((*id, r));
-    }
-    for (id, r) in &replicas[1..] {
-        assert_eq!(
-            r, &replicas[0].1,
-            "node {id} differs from node {}",
-            replicas[0].0
-        );
-    }
+    let replica = biglog::replicas_identical(&c, &acked).await;
     eprintln!(
         "FIGURES {loss:?}: {} acknowledged messages, every replica identical ({} messages each)",
         acked.keys.len(),
-        replicas[0].1.queues.values().map(|(n, _)| n).sum::<u64>()
+        replica.queues.values().map(|(n, _)| n).sum::<u64>()
     );
 }
 

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use raftmq_tests::biglog::{self, Acked};
+use raftmq_tests::biglog;
 use raftmq_tests::{Cluster, wait_for};
 
 const LOADED: &str = "state loaded from restart images";
@@ -36,25 +36,6 @@ async fn ready(c: &Cluster, id: u64, target: u64) -> Duration {
     )
     .await;
     t0.elapsed()
-}
-
-/// Every replica holds every acknowledged message where it was acknowledged, and the same queues.
-async fn replicas_identical(c: &Cluster, acked: &Acked) {
-    let mut replicas = Vec::new();
-    for (id, n) in &c.nodes {
-        let r = biglog::read_replica(&n.addr, acked)
-            .await
-            .unwrap_or_else(|e| panic!("node {id}: {e}"));
-        assert_eq!((r.duplicates, r.foreign), (0, 0), "node {id}");
-        replicas.push((*id, r));
-    }
-    for (id, r) in &replicas[1..] {
-        assert_eq!(
-            r, &replicas[0].1,
-            "node {id} differs from node {}",
-            replicas[0].0
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +77,7 @@ async fn t01_a_killed_group_restarts_from_its_images_and_serves_every_message() 
     // The group works on: more messages, then everything read back from every node.
     acked.merge(biglog::fill(c.addrs(), 200, 16 << 20).await);
     assert_eq!(acked.failed, 0, "fill after: {:?}", acked.first_error);
-    replicas_identical(&c, &acked).await;
+    biglog::replicas_identical(&c, &acked).await;
 
     // One node again, its images deleted: it re-applies its whole log and ends the same.
     let leader = c.leader().await;
@@ -109,5 +90,5 @@ async fn t01_a_killed_group_restarts_from_its_images_and_serves_every_message() 
     let took = ready(&c, f, target).await;
     assert_eq!(count(&c.node_log(f), LOADED), 1, "node {f} had no images");
     eprintln!("FIGURES node {f} ready at index {target} in {took:?} re-applying its whole log");
-    replicas_identical(&c, &acked).await;
+    biglog::replicas_identical(&c, &acked).await;
 }

@@ -49,6 +49,23 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The topic the local-cluster benches fill (8 queues).
+pub const BENCH_TOPIC: &str = "bench";
+
+/// A default local cluster with topic [`BENCH_TOPIC`] made: the cluster, its nameserver as a
+/// target, and an admin client.
+pub async fn local_with_bench_topic() -> Result<(LocalCluster, Target, Admin)> {
+    eprintln!("starting a local cluster");
+    let cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
+    let ns = Target::plaintext(&cluster.nameserver);
+    let admin = ns.admin()?;
+    admin
+        .create_topic(BENCH_TOPIC, 8, None)
+        .await
+        .with_context(|| format!("creating topic {BENCH_TOPIC}"))?;
+    Ok((cluster, ns, admin))
+}
+
 async fn status_of(admin: &Admin, cluster: &LocalCluster, id: u64) -> Option<NodeStatusResponse> {
     cluster
         .statuses(admin)
@@ -68,15 +85,8 @@ async fn load_rate(load: &Load, d: Duration) -> f64 {
 
 pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
     let mode = args.mode.as_str();
-    eprintln!("starting a local cluster");
-    let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
-    let ns = Target::plaintext(&cluster.nameserver);
-    let admin = ns.admin()?;
-    let topic = "bench";
-    admin
-        .create_topic(topic, 8, None)
-        .await
-        .context("creating topic bench")?;
+    let (mut cluster, ns, admin) = local_with_bench_topic().await?;
+    let topic = BENCH_TOPIC;
     let steal = StealMeter::start();
     let (leader, term_before) = live_leader(&cluster, &admin)
         .await

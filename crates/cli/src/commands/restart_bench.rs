@@ -23,9 +23,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::commands::bench::{ProduceShape, StealMeter, live_leader, produce, steal_line};
-use crate::commands::catchup::dir_bytes;
-use crate::connect::Target;
-use crate::local_cluster::{LocalCluster, LocalClusterOptions};
+use crate::commands::catchup::{BENCH_TOPIC, dir_bytes, local_with_bench_topic};
+use crate::local_cluster::LocalCluster;
 use crate::output::{json_line, table};
 
 pub struct RestartArgs {
@@ -136,15 +135,8 @@ async fn start_once(
 }
 
 pub async fn run(json: bool, args: RestartArgs) -> Result<()> {
-    eprintln!("starting a local cluster");
-    let mut cluster = LocalCluster::start(LocalClusterOptions::default()).await?;
-    let ns = Target::plaintext(&cluster.nameserver);
-    let admin = ns.admin()?;
-    let topic = "bench";
-    admin
-        .create_topic(topic, 8, None)
-        .await
-        .context("creating topic bench")?;
+    let (mut cluster, ns, admin) = local_with_bench_topic().await?;
+    let topic = BENCH_TOPIC;
     let steal = StealMeter::start();
     let count = (args.mb << 20) / args.size.max(1) as u64;
     eprintln!(
@@ -202,62 +194,40 @@ pub async fn run(json: bool, args: RestartArgs) -> Result<()> {
     let log_gb = dir_bytes(&data_dir.join("log")) as f64 / 1e9;
     let timeout = Duration::from_secs(args.timeout_secs);
     let mut starts = Vec::new();
-    cluster.kill(follower)?;
-    starts.push(
-        start_once(
-            &mut cluster,
-            &admin,
-            follower,
-            target,
-            "from its restart images",
-            args.cold,
-            timeout,
-        )
-        .await?,
-    );
-    cluster.kill(follower)?;
+    // (how, delete the images, delete the sealed segments' index files): the last is every
+    // restart as it was before either (recovery reads every record, then the log is re-applied).
+    let ways = [
+        ("from its restart images", false, false),
+        ("images deleted: re-applying the whole log", true, false),
+        ("images and segment index files deleted", true, true),
+    ];
     let images = data_dir.join("sm/restart");
-    if images.exists() {
-        std::fs::remove_dir_all(&images)
-            .with_context(|| format!("deleting {}", images.display()))?;
-    }
-    starts.push(
-        start_once(
-            &mut cluster,
-            &admin,
-            follower,
-            target,
-            "images deleted: re-applying the whole log",
-            args.cold,
-            timeout,
-        )
-        .await?,
-    );
-    // And as every restart was before either: no images, no segment index files (recovery reads
-    // and checks every record, then the whole log is re-applied).
-    cluster.kill(follower)?;
-    if images.exists() {
-        std::fs::remove_dir_all(&images)
-            .with_context(|| format!("deleting {}", images.display()))?;
-    }
-    for e in std::fs::read_dir(data_dir.join("log"))? {
-        let p = e?.path();
-        if p.extension().is_some_and(|x| x == "idx") {
-            std::fs::remove_file(&p).with_context(|| format!("deleting {}", p.display()))?;
+    for (how, no_images, no_index) in ways {
+        cluster.kill(follower)?;
+        if no_images && images.exists() {
+            std::fs::remove_dir_all(&images)
+                .with_context(|| format!("deleting {}", images.display()))?;
         }
-    }
-    starts.push(
-        start_once(
+        if no_index {
+            for e in std::fs::read_dir(data_dir.join("log"))? {
+                let p = e?.path();
+                if p.extension().is_some_and(|x| x == "idx") {
+                    std::fs::remove_file(&p)
+                        .with_context(|| format!("deleting {}", p.display()))?;
+                }
+            }
+        }
+        let start = start_once(
             &mut cluster,
             &admin,
             follower,
             target,
-            "images and segment index files deleted",
+            how,
             args.cold,
             timeout,
-        )
-        .await?,
-    );
+        );
+        starts.push(start.await?);
+    }
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
     let cpu_steal_pct = steal.pct();
     if json {

@@ -231,6 +231,18 @@ mod tests {
     use super::Action::{Cut, Discard, Drop};
     use super::*;
 
+    /// Writes the segment file of records `first..next` (blank entries), then `garbage`.
+    fn write_segment(dir: &Path, first: u64, next: u64, garbage: &[u8]) {
+        use crate::log_store::record;
+        use crate::types::{EntryPayload, log_id};
+        let mut buf = Vec::new();
+        for i in first..next {
+            record::encode(&mut buf, &log_id(1, 1, i), &EntryPayload::Blank).unwrap();
+        }
+        buf.extend_from_slice(garbage);
+        std::fs::write(Segment::path_for(dir, first), buf).unwrap();
+    }
+
     /// A segment from `first` holding `count` valid records, nothing else in it.
     fn seg(first: u64, count: u64) -> Found {
         Found {
@@ -419,17 +431,8 @@ mod tests {
 
     #[test]
     fn t10_apply_cuts_and_deletes_as_planned() {
-        use crate::log_store::record;
-        use crate::types::{EntryPayload, log_id};
         let dir = tempfile::tempdir().unwrap();
-        let write = |first: u64, next: u64, garbage: &[u8]| {
-            let mut buf = Vec::new();
-            for i in first..next {
-                record::encode(&mut buf, &log_id(1, 1, i), &EntryPayload::Blank).unwrap();
-            }
-            buf.extend_from_slice(garbage);
-            std::fs::write(Segment::path_for(dir.path(), first), buf).unwrap();
-        };
+        let write = |first, next, garbage: &[u8]| write_segment(dir.path(), first, next, garbage);
         write(1, 4, &[9; 13]); // damage at the end of a sealed segment
         write(4, 7, &[]);
         let len = |first| std::fs::metadata(Segment::path_for(dir.path(), first)).map(|m| m.len());
@@ -464,17 +467,8 @@ mod tests {
     /// read whole, as without one; a cut or a removal takes the index with it.
     #[test]
     fn t11_sealed_segments_open_from_their_index_file_only_when_it_fits() {
-        use crate::log_store::record;
-        use crate::types::{EntryPayload, log_id};
         let dir = tempfile::tempdir().unwrap();
-        let write = |first: u64, next: u64, garbage: &[u8]| {
-            let mut buf = Vec::new();
-            for i in first..next {
-                record::encode(&mut buf, &log_id(1, 1, i), &EntryPayload::Blank).unwrap();
-            }
-            buf.extend_from_slice(garbage);
-            std::fs::write(Segment::path_for(dir.path(), first), buf).unwrap();
-        };
+        let write = |first, next, garbage: &[u8]| write_segment(dir.path(), first, next, garbage);
         let idx = |first| Segment::path_for(dir.path(), first).with_extension("idx");
         write(1, 4, &[]);
         write(4, 7, &[]);

@@ -66,7 +66,45 @@ pub async fn local_with_bench_topic() -> Result<(LocalCluster, Target, Admin)> {
     Ok((cluster, ns, admin))
 }
 
-async fn status_of(admin: &Admin, cluster: &LocalCluster, id: u64) -> Option<NodeStatusResponse> {
+/// Produces `mb` MiB of `size`-byte messages (with client ids when `ids`) to [`BENCH_TOPIC`],
+/// 256 in flight, with progress; an error when any send failed.
+pub(crate) async fn fill_log(
+    ns: &Target,
+    mb: u64,
+    size: usize,
+    ids: bool,
+) -> Result<crate::commands::bench::ProduceRun> {
+    let count = (mb << 20) / size.max(1) as u64;
+    eprintln!(
+        "{mb} MiB ({count} messages of {size} B{})",
+        if ids {
+            ", each with a client message id"
+        } else {
+            ""
+        }
+    );
+    let shape = ProduceShape {
+        inflight: 256,
+        ids,
+        ..Default::default()
+    };
+    let fill = produce(ns, BENCH_TOPIC, count, size, shape, true).await?;
+    if fill.failed > 0 {
+        bail!(
+            "{} sends failed while filling the log: {}",
+            fill.failed,
+            fill.first_error.unwrap_or_default()
+        );
+    }
+    Ok(fill)
+}
+
+/// Node `id`'s status, if it answers.
+pub(crate) async fn status_of(
+    admin: &Admin,
+    cluster: &LocalCluster,
+    id: u64,
+) -> Option<NodeStatusResponse> {
     cluster
         .statuses(admin)
         .await
@@ -127,23 +165,8 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
             .with_context(|| format!("wiping {}", data_dir.display()))?;
         eprintln!("node {follower}'s data directory deleted");
     }
-    let count = (args.mb << 20) / args.size.max(1) as u64;
-    eprintln!(
-        "producing {} MiB ({count} messages of {} B) without it",
-        args.mb, args.size
-    );
-    let shape = ProduceShape {
-        inflight: 256,
-        ..Default::default()
-    };
-    let fill = produce(&ns, topic, count, args.size, shape, true).await?;
-    if fill.failed > 0 {
-        bail!(
-            "{} sends failed while filling the log: {}",
-            fill.failed,
-            fill.first_error.unwrap_or_default()
-        );
-    }
+    eprint!("producing without it: ");
+    let fill = fill_log(&ns, args.mb, args.size, false).await?;
     let leader_st = status_of(&admin, &cluster, leader)
         .await
         .context("the leader stopped answering")?;

@@ -22,8 +22,8 @@ use raftmq_client::Admin;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::commands::bench::{ProduceShape, StealMeter, live_leader, produce, steal_line};
-use crate::commands::catchup::{BENCH_TOPIC, dir_bytes, local_with_bench_topic};
+use crate::commands::bench::{StealMeter, live_leader, steal_line};
+use crate::commands::catchup::{dir_bytes, fill_log, local_with_bench_topic, status_of};
 use crate::local_cluster::LocalCluster;
 use crate::output::{json_line, table};
 
@@ -79,12 +79,7 @@ async fn start_once(
     let mut next_line = t0;
     while t0.elapsed() < timeout {
         cluster.check_children()?;
-        let st = cluster
-            .statuses(admin)
-            .await
-            .into_iter()
-            .find(|(n, _)| *n == id)
-            .and_then(|(_, s)| s);
+        let st = status_of(admin, cluster, id).await;
         if st.is_some() && answered.is_none() {
             answered = Some(t0.elapsed());
         }
@@ -136,35 +131,14 @@ async fn start_once(
 
 pub async fn run(json: bool, args: RestartArgs) -> Result<()> {
     let (mut cluster, ns, admin) = local_with_bench_topic().await?;
-    let topic = BENCH_TOPIC;
     let steal = StealMeter::start();
-    let count = (args.mb << 20) / args.size.max(1) as u64;
-    eprintln!(
-        "filling the log: {} MiB ({count} messages of {} B, each with a client message id)",
-        args.mb, args.size
-    );
-    let shape = ProduceShape {
-        inflight: 256,
-        ids: true,
-        ..Default::default()
-    };
-    let fill = produce(&ns, topic, count, args.size, shape, true).await?;
-    if fill.failed > 0 {
-        bail!(
-            "{} sends failed while filling the log: {}",
-            fill.failed,
-            fill.first_error.unwrap_or_default()
-        );
-    }
+    eprint!("filling the log: ");
+    let fill = fill_log(&ns, args.mb, args.size, true).await?;
     let (leader, _) = live_leader(&cluster, &admin)
         .await
         .context("no leader in the local cluster")?;
-    let target = cluster
-        .statuses(&admin)
+    let target = status_of(&admin, &cluster, leader)
         .await
-        .into_iter()
-        .find(|(n, _)| *n == leader)
-        .and_then(|(_, s)| s)
         .context("the leader stopped answering")?
         .committed;
     let follower = cluster

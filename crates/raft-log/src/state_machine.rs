@@ -324,6 +324,8 @@ impl<S: StateMachine> Shared<S> {
             sm.restart_image(since.0)
         };
         let Some(data) = data else {
+            // A state machine without images: ask again only after as many bytes more.
+            since.1 = 0;
             return Ok(());
         };
         let membership = self.applied.lock().map_err(|_| lock_err())?.1.clone();

@@ -258,6 +258,46 @@ impl Load {
     }
 }
 
+/// Checks, before a test writes `bytes` into `dir`, that its file system has room: the data plus
+/// the share a local node keeps free (it refuses sends above its full watermark,
+/// [`raftmq_cli::local_cluster::LOCAL_WATERMARKS`]). Prints the figures; panics naming them when
+/// there is no room, so a machine short of disk fails at once with the reason, not after minutes
+/// of refused sends.
+pub fn require_free_disk(dir: &std::path::Path, bytes: u64, what: &str) {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let st = nix::sys::statvfs::statvfs(dir).expect("statvfs of the test's data dir");
+    let frag = st.fragment_size();
+    let avail = st.blocks_available() * frag;
+    let used = (st.blocks() - st.blocks_free()) * frag;
+    let full_pct: u64 = raftmq_cli::local_cluster::LOCAL_WATERMARKS
+        .iter()
+        .find(|(k, _)| *k == "RAFTMQ_FULL_WATERMARK_PCT")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("the local full watermark");
+    let visible = used + avail;
+    // What stays free once the test wrote its bytes must keep the disk below the watermark.
+    let reserve = visible * (100 - full_pct) / 100;
+    println!(
+        "  disk: {what} writes ~{:.1} GiB; {} has {:.1} GiB free of {:.1} GiB, {:.1} GiB kept free below the {full_pct} % watermark",
+        bytes as f64 / GIB,
+        dir.display(),
+        avail as f64 / GIB,
+        visible as f64 / GIB,
+        reserve as f64 / GIB,
+    );
+    assert!(
+        avail >= bytes + reserve,
+        "{what} needs ~{:.1} GiB free on the file system of {} ({:.1} GiB of data plus {:.1} GiB kept \
+         free below the nodes' {full_pct} % full watermark); it has {:.1} GiB: free some (build \
+         outputs, docker images) and run again",
+        (bytes + reserve) as f64 / GIB,
+        dir.display(),
+        bytes as f64 / GIB,
+        reserve as f64 / GIB,
+        avail as f64 / GIB,
+    );
+}
+
 /// Fills the log of the group at `addrs` with `bytes` of ~128 KiB entries from 16 producers.
 pub async fn fill(addrs: Vec<String>, first_producer: u64, bytes: u64) -> Acked {
     Load::start(

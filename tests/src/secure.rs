@@ -109,6 +109,16 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
         make_certs(&certs, &[("broker-a", n), ("broker-b", 1)]);
+        // A revocation list from the start, as an operator keeps one: it lists a retired
+        // client's certificate.
+        let ca = certgen::Ca::from_pem(
+            &std::fs::read_to_string(certs.join("ca.pem")).unwrap(),
+            &std::fs::read_to_string(certs.join("ca.key")).unwrap(),
+        )
+        .unwrap();
+        let retired = certs.join("retired.pem");
+        std::fs::write(&retired, ca.issue_client("retired").unwrap().cert).unwrap();
+        certgen::revoke(&certs, &retired).unwrap();
         let path = |f: &str| certs.join(f).display().to_string();
         let ns_config = dir.path().join("nameserver.toml");
         let users: String = READERS
@@ -117,7 +127,13 @@ impl Cluster {
             .collect();
         std::fs::write(&ns_config, users).unwrap();
         let mut broker_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        broker_args.extend(["--tls-ca".into(), path("ca.pem"), "--auth".into()]);
+        broker_args.extend([
+            "--tls-ca".into(),
+            path("ca.pem"),
+            "--tls-crl".into(),
+            path("crl.pem"),
+            "--auth".into(),
+        ]);
         let opts = Cluster::options(n, &[], &[("RAFTMQ_ADMIN_SECRET_KEY", ADMIN_SECRET)])
             .broker_args(&broker_args)
             .nameserver_args([
@@ -129,6 +145,8 @@ impl Cluster {
                 &path("nameserver.pem"),
                 "--tls-key",
                 &path("nameserver.key"),
+                "--tls-crl",
+                &path("crl.pem"),
                 "--auth",
                 "--admin-secret-key",
                 ADMIN_SECRET,
@@ -158,6 +176,7 @@ impl Cluster {
             ca: certs.join("ca.pem"),
             cert: None,
             key: None,
+            crl: None,
         })
         .expect("load the test CA");
         let secure = Secure {

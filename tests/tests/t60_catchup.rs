@@ -44,6 +44,9 @@ async fn catch_up(loss: Loss, under_load: bool) {
     // build outputs, the clean watermark trimmed the oldest segment while the test read every
     // queue back from offset 0.
     let mut c = Cluster::start(3, &[]).await;
+    // Three replicas of the fill, the load's sends and the log's segment slack.
+    let fill = GIB + (64 << 20) + if under_load { 512 << 20 } else { 0 };
+    biglog::require_free_disk(c.dir.path(), fill * 3 + fill / 4, "this catch-up");
     c.create_topic("big", biglog::QUEUES).await;
     let leader = c.leader().await;
     let term0 = biglog::max_term(&c).await;

@@ -249,6 +249,7 @@ fn peer_client(
         ca: ca.to_path_buf(),
         cert: identity.map(|i| i.0.to_path_buf()),
         key: identity.map(|i| i.1.to_path_buf()),
+        crl: None,
     })
     .unwrap();
     let ch = Endpoint::from_shared(format!("https://{addr}"))
@@ -457,6 +458,62 @@ async fn t91_2_strangers_on_the_peer_path_are_refused_and_the_log_is_unchanged()
             .await
             .expect_err("the health port served a send");
         assert_eq!(st.code(), tonic::Code::Unimplemented, "node {id}: {st:?}");
+    }
+    // A second certificate naming member 3 (a stolen copy): admitted until it is revoked, then
+    // refused at the handshake by every node once it rereads its revocation list.
+    let issuer = raftmq_security::certgen::Ca::from_pem(
+        &std::fs::read_to_string(s.certs.join("ca.pem")).unwrap(),
+        &std::fs::read_to_string(s.certs.join("ca.key")).unwrap(),
+    )
+    .unwrap();
+    let member_3 = raftmq_security::identity::NodeIdentity {
+        cluster: "DefaultCluster".into(),
+        broker: "broker-a".into(),
+        node_id: 3,
+    };
+    let copy = issuer
+        .issue_node(&member_3, &["localhost".into(), "127.0.0.1".into()])
+        .unwrap();
+    let (c_cert, c_key) = (s.certs.join("copy-3.pem"), s.certs.join("copy-3.key"));
+    std::fs::write(&c_cert, &copy.cert).unwrap();
+    std::fs::write(&c_key, &copy.key).unwrap();
+    // A vote no one grants (an older term, an empty log): answered, and it changes nothing.
+    let stale_vote =
+        raftmq_raft_log::testkit::forged_vote(before.term.saturating_sub(1).max(1), 9, 0, 0);
+    for (id, node) in c.nodes.iter() {
+        peer_client(&node.addr, &ca, Some((&c_cert, &c_key)))
+            .vote(RaftRequest {
+                header: header(),
+                payload: stale_vote.clone(),
+            })
+            .await
+            .unwrap_or_else(|st| {
+                panic!("node {id}: the copy was refused before it was revoked: {st:?}")
+            });
+    }
+    raftmq_security::certgen::revoke(&s.certs, &c_cert).unwrap();
+    for (id, node) in c.nodes.iter() {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = peer_client(&node.addr, &ca, Some((&c_cert, &c_key)))
+                .vote(RaftRequest {
+                    header: header(),
+                    payload: stale_vote.clone(),
+                })
+                .await;
+            match st {
+                Err(st)
+                    if matches!(st.code(), tonic::Code::Unavailable | tonic::Code::Cancelled) =>
+                {
+                    break;
+                }
+                other => assert!(
+                    std::time::Instant::now() < deadline,
+                    "node {id} still admits a revoked certificate: {other:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     // The group did not move: same leader, same term, the log holds exactly what was acked.
     let after = c.status(leader).await.unwrap();

@@ -211,6 +211,10 @@ pub struct Config {
     pub tls_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// Certificate revocation lists (PEM; `raftmq cert revoke` writes one): a client certificate
+    /// they list is refused, so a revoked node reaches no peer's Raft service. Reloaded with the
+    /// other TLS files. Needs TLS on.
+    pub tls_crl: Option<PathBuf>,
     /// How often the TLS files are looked at for a change (rotation without a restart).
     pub tls_reload_ms: u64,
     /// A second, plaintext listener serving only gRPC health and `/metrics` (no data, no
@@ -255,6 +259,7 @@ impl Default for Config {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_crl: None,
             tls_reload_ms: 5_000,
             health_listen: None,
             auth: false,
@@ -329,6 +334,7 @@ impl Config {
             ca: ca.clone(),
             cert: Some(cert.clone()),
             key: Some(key.clone()),
+            crl: self.tls_crl.clone(),
         };
         Ok(Some(raftmq_security::tls::Tls::load(files)?))
     }
@@ -465,6 +471,12 @@ impl Config {
                 ));
             }
         }
+        if self.tls_crl.is_some() && self.tls_ca.is_none() {
+            return Err(invalid(
+                "tls_crl",
+                "a revocation list needs TLS on (tls_ca, tls_cert and tls_key)",
+            ));
+        }
         if self.tls_reload_ms < 100 {
             return Err(invalid("tls_reload_ms", "must be at least 100"));
         }
@@ -600,6 +612,9 @@ pub struct Args {
     /// This node's private key (PEM).
     #[arg(long, env = "RAFTMQ_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+    /// Certificate revocation lists (PEM): client certificates they list are refused.
+    #[arg(long, env = "RAFTMQ_TLS_CRL")]
+    pub tls_crl: Option<PathBuf>,
     /// A plaintext listener for gRPC health and /metrics only (probes that cannot speak TLS).
     #[arg(long, env = "RAFTMQ_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
@@ -649,6 +664,7 @@ impl Args {
         set(&mut c.tls_ca, self.tls_ca.map(Some));
         set(&mut c.tls_cert, self.tls_cert.map(Some));
         set(&mut c.tls_key, self.tls_key.map(Some));
+        set(&mut c.tls_crl, self.tls_crl.map(Some));
         set(&mut c.health_listen, self.health_listen.map(Some));
         c.auth |= self.auth;
         set(&mut c.admin_access_key, self.admin_access_key);

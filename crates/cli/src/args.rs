@@ -215,6 +215,17 @@ pub enum CertCmd {
     /// Write a development CA (kept and reused when DIR already has one) and certificates
     /// issued by it: `<group>-<id>.pem/.key` per node, `nameserver.pem/.key`, `client.pem/.key`.
     Init(CertInitArgs),
+    /// Add a certificate to DIR/crl.pem, the revocation list signed by DIR's CA (kept: earlier
+    /// revocations stay listed). Nodes and nameservers whose `tls_crl` names that file refuse the
+    /// certificate within their `tls_reload_ms`.
+    Revoke {
+        /// The directory holding the CA (`ca.pem`, `ca.key`), as `cert init` wrote it.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// The certificate to revoke (PEM), e.g. DIR/broker-a-3.pem.
+        #[arg(long, value_name = "FILE")]
+        cert: PathBuf,
+    },
 }
 
 /// `cert init` flags.

@@ -124,7 +124,12 @@ pub fn client_security(args: &SecurityArgs) -> Result<ClientSecurity> {
     }
     match ca {
         Some(ca) => {
-            let files = TlsFiles { ca, cert, key };
+            let files = TlsFiles {
+                ca,
+                cert,
+                key,
+                crl: None,
+            };
             security = security
                 .with_tls_files(files)
                 .context("cannot load the TLS files of --tls-ca/--tls-cert/--tls-key")?;

@@ -204,6 +204,7 @@ impl Secured {
             ca: self.certs.join("ca.pem"),
             cert: None,
             key: None,
+            crl: None,
         };
         Ok(ClientSecurity::default()
             .with_tls_files(files)

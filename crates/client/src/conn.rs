@@ -229,6 +229,7 @@ mod tests {
                 ca: dir.join("ca.pem"),
                 cert: Some(dir.join("nameserver.pem")),
                 key: Some(dir.join("nameserver.key")),
+                crl: None,
             })
             .expect("server TLS");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -257,6 +258,7 @@ mod tests {
                 ca: dir.join("ca.pem"),
                 cert: with_cert.then(|| dir.join("client.pem")),
                 key: with_cert.then(|| dir.join("client.key")),
+                crl: None,
             };
             ClientSecurity::default()
                 .with_tls_files(files)

@@ -21,7 +21,7 @@
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let security = ClientSecurity::default()
-//!     .with_tls_files(TlsFiles { ca: "certs/ca.pem".into(), cert: None, key: None })?
+//!     .with_tls_files(TlsFiles { ca: "certs/ca.pem".into(), cert: None, key: None, crl: None })?
 //!     .with_credentials(Credentials { access_key: "app".into(), secret: "app-secret".into() });
 //! let admin = Admin::connect_with("ns1:9876;ns2:9876", security.clone())?;
 //! let producer = Producer::builder("ns1:9876;ns2:9876").security(security).build()?;
@@ -164,6 +164,7 @@ pub(crate) mod tests {
             ca,
             cert: None,
             key: None,
+            crl: None,
         })
         .expect("TLS");
         (dir, tls)

@@ -2,7 +2,8 @@
 //!
 //! With `auth` on, every call is identified once, by the [`Gate`], as a [`Caller`]:
 //! - a client certificate that the TLS handshake verified against the CA bundle and that names a
-//!   raftmq node (`raftmq://<cluster>/<group>/<id>`) makes a [`Caller::Node`];
+//!   raftmq node (`raftmq://<cluster>/<group>/<id>`) makes a [`Caller::Node`], which may register
+//!   and unregister only the nodes its certificate names ([`authorize_node`]);
 //! - otherwise a signature (`authorization` and `x-mq-date-time`, as the RocketMQ 5 clients sign)
 //!   by the admin makes a [`Caller::Admin`], by a configured user a [`Caller::User`];
 //! - anything else is [`Caller::Unauthenticated`], with the reason.
@@ -15,7 +16,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use raftmq_security::{identity, sign};
+use raftmq_security::identity::{self, NodeIdentity};
+use raftmq_security::sign;
 use tonic::transport::CertificateDer;
 
 use crate::config::{Config, Secret};
@@ -26,8 +28,8 @@ use crate::error::Error;
 pub enum Caller {
     /// Auth is off: everything is allowed.
     Open,
-    /// A verified client certificate naming a raftmq node.
-    Node,
+    /// A verified client certificate naming raftmq nodes: the identities it names.
+    Node(Vec<NodeIdentity>),
     /// A signature by the admin's credentials.
     Admin,
     /// A signature by a configured user; the access key.
@@ -40,7 +42,7 @@ impl fmt::Display for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Caller::Open => f.write_str("anyone (auth off)"),
-            Caller::Node => f.write_str("a node certificate"),
+            Caller::Node(ids) => write!(f, "the node certificate of {}", uris(ids)),
             Caller::Admin => f.write_str("the admin"),
             Caller::User(access_key) => write!(f, "user {access_key:?}"),
             Caller::Unauthenticated(_) => f.write_str("an unauthenticated caller"),
@@ -86,7 +88,7 @@ pub const NO_CREDENTIALS: &str =
 /// the service in-process without saying who it acts for): it has no credentials.
 pub fn authorize(caller: Option<&Caller>, action: Action) -> Result<(), Error> {
     match caller {
-        Some(Caller::Open | Caller::Node | Caller::Admin) => Ok(()),
+        Some(Caller::Open | Caller::Node(_) | Caller::Admin) => Ok(()),
         Some(Caller::User(_)) if !action.changes_registry() => Ok(()),
         Some(Caller::User(access_key)) => Err(Error::Forbidden {
             action: action.as_str(),
@@ -99,6 +101,46 @@ pub fn authorize(caller: Option<&Caller>, action: Action) -> Result<(), Error> {
             reason: NO_CREDENTIALS.into(),
         }),
     }
+}
+
+/// The identities, as their URIs, comma separated.
+fn uris(ids: &[NodeIdentity]) -> String {
+    ids.iter()
+        .map(NodeIdentity::uri)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `caller` may register or unregister (`action`) node `node_id` of `cluster`/`broker`,
+/// once [`authorize`] let it make the call: a node certificate only the nodes it names, so a
+/// node of one group can neither take over another group's routes nor remove its nodes. The
+/// admin's signature (an operator's) and auth off may name any node.
+pub fn authorize_node(
+    caller: Option<&Caller>,
+    action: Action,
+    cluster: &str,
+    broker: &str,
+    node_id: u64,
+) -> Result<(), Error> {
+    let Some(Caller::Node(ids)) = caller else {
+        return Ok(());
+    };
+    let named = ids
+        .iter()
+        .any(|i| i.cluster == cluster && i.broker == broker && i.node_id == node_id);
+    if named {
+        return Ok(());
+    }
+    Err(Error::NotThisNode {
+        action: action.as_str(),
+        certificate: uris(ids),
+        node: NodeIdentity {
+            cluster: cluster.into(),
+            broker: broker.into(),
+            node_id,
+        }
+        .uri(),
+    })
 }
 
 /// The credentials the nameserver knows, from the config (auth on only).
@@ -143,11 +185,11 @@ impl Gate {
         date_time: Option<&str>,
         now_secs: u64,
     ) -> Caller {
-        if peer_certs
-            .and_then(<[_]>::first)
-            .is_some_and(|leaf| !identity::node_identities(leaf).is_empty())
-        {
-            return Caller::Node;
+        if let Some(leaf) = peer_certs.and_then(<[_]>::first) {
+            let ids = identity::node_identities(leaf);
+            if !ids.is_empty() {
+                return Caller::Node(ids);
+            }
         }
         if authorization.is_none() && date_time.is_none() {
             return Caller::Unauthenticated(NO_CREDENTIALS.into());
@@ -308,7 +350,7 @@ mod tests {
         let client = der(&ca.issue_client("client").unwrap().cert);
 
         let caller = g.identify(Some(std::slice::from_ref(&node)), None, None, NOW);
-        assert_eq!(caller, Caller::Node);
+        assert_eq!(caller, Caller::Node(vec![id.clone()]));
         for action in ALL {
             authorize(Some(&caller), action).unwrap();
         }
@@ -338,5 +380,41 @@ mod tests {
             assert_eq!(e.code(), ErrorCode::Unauthenticated);
             assert!(e.to_string().starts_with("no credentials"), "{e}");
         }
+    }
+
+    #[test]
+    fn t15_a_node_certificate_registers_only_the_nodes_it_names() {
+        let id = |broker: &str, node_id| NodeIdentity {
+            cluster: "C".into(),
+            broker: broker.into(),
+            node_id,
+        };
+        let node = Caller::Node(vec![id("broker-a", 1)]);
+        for action in [Action::Register, Action::Unregister] {
+            authorize_node(Some(&node), action, "C", "broker-a", 1).unwrap();
+            for (cluster, broker, node_id) in [
+                ("C", "broker-a", 2),
+                ("C", "broker-b", 1),
+                ("D", "broker-a", 1),
+            ] {
+                let e = authorize_node(Some(&node), action, cluster, broker, node_id).unwrap_err();
+                assert_eq!(e.code(), ErrorCode::Forbidden);
+                let text = e.to_string();
+                let named = format!("raftmq://{cluster}/{broker}/{node_id}");
+                assert!(
+                    text.contains("raftmq://C/broker-a/1")
+                        && text.contains(&named)
+                        && text.contains(action.as_str()),
+                    "{text}"
+                );
+            }
+            // The admin's signature and auth off name any node.
+            for caller in [Caller::Admin, Caller::Open] {
+                authorize_node(Some(&caller), action, "C", "broker-b", 7).unwrap();
+            }
+        }
+        // A certificate naming two nodes registers either.
+        let both = Caller::Node(vec![id("broker-a", 1), id("broker-b", 3)]);
+        authorize_node(Some(&both), Action::Register, "C", "broker-b", 3).unwrap();
     }
 }

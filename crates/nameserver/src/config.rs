@@ -117,6 +117,9 @@ pub struct Config {
     pub tls_cert: Option<PathBuf>,
     /// The nameserver's private key (PEM).
     pub tls_key: Option<PathBuf>,
+    /// Certificate revocation lists (PEM; `raftmq cert revoke` writes one): a client certificate
+    /// they list is refused, so a revoked node can no longer register. Needs TLS on.
+    pub tls_crl: Option<PathBuf>,
     /// Milliseconds between looks at the TLS files; a changed file is loaded for new connections.
     pub tls_reload_ms: u64,
     /// Refuses NameserverService calls that are not signed or made with a node certificate.
@@ -141,6 +144,7 @@ impl Default for Config {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            tls_crl: None,
             tls_reload_ms: TLS_RELOAD_MS_DEFAULT,
             auth: false,
             admin_access_key: ADMIN_ACCESS_KEY_DEFAULT.to_string(),
@@ -198,6 +202,12 @@ impl Config {
                 key,
                 reason: "is missing: tls_ca, tls_cert and tls_key are given together (or none)"
                     .into(),
+            });
+        }
+        if self.tls_crl.is_some() && self.tls_ca.is_none() {
+            return Err(Error::Config {
+                key: "tls_crl",
+                reason: "needs TLS on (tls_ca, tls_cert and tls_key)".into(),
             });
         }
         if self.tls_reload_ms < TLS_RELOAD_MS_MIN {
@@ -278,6 +288,7 @@ impl Config {
             ca: ca.clone(),
             cert: Some(cert.clone()),
             key: Some(key.clone()),
+            crl: self.tls_crl.clone(),
         })
     }
 
@@ -326,6 +337,7 @@ impl Config {
             tls_ca: args.tls_ca.clone(),
             tls_cert: args.tls_cert.clone(),
             tls_key: args.tls_key.clone(),
+            tls_crl: args.tls_crl.clone(),
             tls_reload_ms: args.tls_reload_ms,
             auth: args.auth,
             admin_access_key: args.admin_access_key.clone(),
@@ -351,6 +363,7 @@ struct FileConfig {
     tls_ca: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    tls_crl: Option<PathBuf>,
     tls_reload_ms: Option<u64>,
     auth: Option<bool>,
     admin_access_key: Option<String>,
@@ -381,6 +394,9 @@ impl FileConfig {
         }
         if let Some(v) = self.tls_key {
             config.tls_key = Some(v);
+        }
+        if let Some(v) = self.tls_crl {
+            config.tls_crl = Some(v);
         }
         if let Some(v) = self.tls_reload_ms {
             config.tls_reload_ms = v;
@@ -450,6 +466,9 @@ pub struct Args {
     /// The nameserver's private key (PEM).
     #[arg(long, env = "RAFTMQ_NS_TLS_KEY", value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Certificate revocation lists (PEM): client certificates they list are refused.
+    #[arg(long, env = "RAFTMQ_NS_TLS_CRL", value_name = "FILE")]
+    pub tls_crl: Option<PathBuf>,
     /// Milliseconds between looks at the TLS files [default: 5000].
     #[arg(long, env = "RAFTMQ_NS_TLS_RELOAD_MS", value_name = "MS")]
     pub tls_reload_ms: Option<u64>,

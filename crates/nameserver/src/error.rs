@@ -47,6 +47,18 @@ pub enum Error {
         /// The user who asked.
         access_key: String,
     },
+    /// With auth on, a node certificate used to register or unregister a node it does not name.
+    #[error(
+        "the node certificate of {certificate} may not {action} {node}: a node certificate registers only the nodes it names"
+    )]
+    NotThisNode {
+        /// The call refused, e.g. `register`.
+        action: &'static str,
+        /// The identities the certificate names, as URIs.
+        certificate: String,
+        /// The node the call named, as a URI.
+        node: String,
+    },
     /// A configuration key has an invalid value; `key` is the TOML key (also the flag name).
     #[error("invalid config key `{key}`: {reason}")]
     Config {
@@ -111,7 +123,7 @@ impl Error {
             Error::InvalidArgument { .. } => ErrorCode::InvalidArgument,
             Error::TopicNotFound { .. } => ErrorCode::TopicNotFound,
             Error::Unauthenticated { .. } => ErrorCode::Unauthenticated,
-            Error::Forbidden { .. } => ErrorCode::Forbidden,
+            Error::Forbidden { .. } | Error::NotThisNode { .. } => ErrorCode::Forbidden,
             _ => ErrorCode::Internal,
         }
     }

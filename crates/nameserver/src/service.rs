@@ -48,10 +48,34 @@ impl Nameserver {
     /// counted and logged here, and answered by the handler.
     fn admit<T>(&self, request: &Request<T>, action: Action) -> Result<(), Error> {
         let caller = request.extensions().get::<Caller>();
-        let result = auth::authorize(caller, action);
+        self.count_refusal(request, action, auth::authorize(caller, action))
+    }
+
+    /// Whether the call's caller may register or unregister this node (a node certificate only
+    /// the nodes it names).
+    fn admit_node<T>(
+        &self,
+        request: &Request<T>,
+        action: Action,
+        cluster: &str,
+        broker: &str,
+        node_id: u64,
+    ) -> Result<(), Error> {
+        let caller = request.extensions().get::<Caller>();
+        let result = auth::authorize_node(caller, action, cluster, broker, node_id);
+        self.count_refusal(request, action, result)
+    }
+
+    /// Counts and logs a refusal; gives `result` back.
+    fn count_refusal<T>(
+        &self,
+        request: &Request<T>,
+        action: Action,
+        result: Result<(), Error>,
+    ) -> Result<(), Error> {
         if let Err(e) = &result {
             let label = match e {
-                Error::Forbidden { .. } => "forbidden",
+                Error::Forbidden { .. } | Error::NotThisNode { .. } => "forbidden",
                 _ => "unauthenticated",
             };
             self.metrics
@@ -117,7 +141,10 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
-        if let Err(e) = self.admit(&request, Action::Register) {
+        if let Err(e) = self.admit(&request, Action::Register).and_then(|()| {
+            let r = request.get_ref();
+            self.admit_node(&request, Action::Register, &r.cluster, &r.broker, r.node_id)
+        }) {
             return Ok(Response::new(RegisterResponse {
                 error: Some(e.to_proto()),
                 expiry_secs: 0,
@@ -171,7 +198,16 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<UnregisterRequest>,
     ) -> Result<Response<UnregisterResponse>, Status> {
-        if let Err(e) = self.admit(&request, Action::Unregister) {
+        if let Err(e) = self.admit(&request, Action::Unregister).and_then(|()| {
+            let r = request.get_ref();
+            self.admit_node(
+                &request,
+                Action::Unregister,
+                &r.cluster,
+                &r.broker,
+                r.node_id,
+            )
+        }) {
             return Ok(Response::new(UnregisterResponse {
                 error: Some(e.to_proto()),
             }));

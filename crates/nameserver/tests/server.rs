@@ -504,6 +504,7 @@ mod tls_auth {
             ca: ca.to_path_buf(),
             cert: pair.map(|p| p.0.clone()),
             key: pair.map(|p| p.1.clone()),
+            crl: None,
         }
     }
 
@@ -590,11 +591,16 @@ mod tls_auth {
         };
         let node = write_pair(d, "node", &ca.issue_node(&node_id, &hosts).unwrap());
         let client_cert = write_pair(d, "client", &ca.issue_client("client").unwrap());
+        // A revocation list from the start (it lists a retired client's certificate).
+        std::fs::write(d.join("ca.key"), &ca_pem.key).unwrap();
+        let retired = write_pair(d, "retired", &ca.issue_client("retired").unwrap());
+        let crl = raftmq_security::certgen::revoke(d, &retired.0).unwrap().crl;
 
         let ns = start(Config {
             tls_ca: Some(ca_file.clone()),
             tls_cert: Some(server.0.clone()),
             tls_key: Some(server.1.clone()),
+            tls_crl: Some(crl.clone()),
             tls_reload_ms: 100,
             auth: true,
             admin_secret_key: Some(Secret::new(ADMIN_SECRET)),
@@ -618,6 +624,42 @@ mod tls_auth {
             .into_inner();
         assert_eq!(reply.error, None);
         assert_eq!(reply.expiry_secs, 120);
+
+        tracing::info!("phase: a node certificate registers and unregisters only itself");
+        let other_group = RegisterRequest {
+            broker: "broker-b".into(),
+            ..registration(1, "leader", 4, &[("orders", 8), ("payments", 2)])
+        };
+        let other_node = registration(2, "leader", 5, &[("orders", 8)]);
+        for request in [other_group, other_node] {
+            let named = format!("{}/{}/{}", request.cluster, request.broker, request.node_id);
+            let e = as_node
+                .register(request)
+                .await
+                .unwrap()
+                .into_inner()
+                .error
+                .expect("refused");
+            assert_eq!(e.code(), ErrorCode::Forbidden, "{}", e.message);
+            assert!(
+                e.message.contains("raftmq://DefaultCluster/broker-a/1")
+                    && e.message.contains(&named),
+                "{}",
+                e.message
+            );
+        }
+        let e = as_node
+            .unregister(UnregisterRequest {
+                cluster: "DefaultCluster".into(),
+                broker: "broker-a".into(),
+                node_id: 2,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error
+            .expect("refused");
+        assert_eq!(e.code(), ErrorCode::Forbidden, "{}", e.message);
 
         tracing::info!("phase: a user's signature reads routes, no signature does not");
         let anonymous = tls_channel(ns.addr, files(&ca_file, None))
@@ -751,7 +793,8 @@ mod tls_auth {
                 &text,
                 "raftmq_nameserver_refused_requests_total{result=\"forbidden\"}"
             ),
-            2.0
+            // The user's two, and the node certificate's three for nodes it does not name.
+            5.0
         );
         assert_eq!(
             metric(
@@ -785,6 +828,42 @@ mod tls_auth {
                 .is_err(),
             "a certificate from another CA was accepted"
         );
+
+        tracing::info!("phase: a node certificate revoked while the nameserver runs is refused");
+        assert!(
+            tls_channel(ns.addr, files(&ca_file, Some(&retired)))
+                .await
+                .is_err(),
+            "a certificate revoked at start was accepted"
+        );
+        raftmq_security::certgen::revoke(d, &node.0).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tls_channel(ns.addr, files(&ca_file, Some(&node)))
+            .await
+            .is_ok()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the revoked node certificate still connects"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let node_2 = NodeIdentity {
+            node_id: 2,
+            ..node_id.clone()
+        };
+        let sibling = write_pair(d, "node-2", &ca.issue_node(&node_2, &hosts).unwrap());
+        let mut as_sibling = NameserverServiceClient::new(
+            tls_channel(ns.addr, files(&ca_file, Some(&sibling)))
+                .await
+                .expect("a certificate not listed still connects"),
+        );
+        let reply = as_sibling
+            .register(registration(2, "follower", 4, &[("orders", 8)]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(reply.error, None);
 
         tracing::info!("phase: a new server certificate is picked up without a restart");
         let (new_ca, new_ca_pem) = Ca::generate("rotated CA").unwrap();

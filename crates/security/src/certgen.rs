@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+    RevocationReason, RevokedCertParams, SanType, SerialNumber,
 };
 
 use crate::identity::NodeIdentity;
@@ -23,6 +24,14 @@ pub enum CertError {
     /// rcgen refused (a host name that is not a DNS name, a broken CA file).
     #[error("cannot make the certificate: {0}")]
     Make(#[from] rcgen::Error),
+    /// A file is not what it should be: not a PEM certificate, a certificate of another CA.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A file could not be read or written.
     #[error("cannot {what} {path}")]
     Io {
@@ -52,17 +61,25 @@ pub struct Ca {
     pub cert_pem: String,
 }
 
-fn validity(p: &mut CertificateParams) {
-    let now = SystemTime::now()
+fn now_secs() -> u64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let day = |secs: u64| {
-        let (y, m, d) = crate::sign::civil_from_days((secs / 86_400) as i64);
+        .unwrap_or(0)
+}
+
+/// The start of the day (UTC) holding `secs`, as rcgen takes dates.
+macro_rules! day {
+    ($secs:expr) => {{
+        let (y, m, d) = crate::sign::civil_from_days(($secs / 86_400) as i64);
         rcgen::date_time_ymd(y as i32, m as u8, d as u8)
-    };
-    p.not_before = day(now.saturating_sub(86_400));
-    p.not_after = day(now + VALID_DAYS * 86_400);
+    }};
+}
+
+fn validity(p: &mut CertificateParams) {
+    let now = now_secs();
+    p.not_before = day!(now.saturating_sub(86_400));
+    p.not_after = day!(now + VALID_DAYS * 86_400);
 }
 
 impl Ca {
@@ -210,6 +227,128 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), CertError> {
     fs::rename(&tmp, path).map_err(io)
 }
 
+fn read_text(p: &Path) -> Result<String, CertError> {
+    fs::read_to_string(p).map_err(|source| CertError::Io {
+        what: "read",
+        path: p.to_path_buf(),
+        source,
+    })
+}
+
+/// The DER of the first PEM item of `path`'s text.
+fn pem_der(path: &Path, text: &str, what: &str) -> Result<Vec<u8>, CertError> {
+    let invalid = |reason: String| CertError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (_, pem) = x509_parser::pem::parse_x509_pem(text.as_bytes())
+        .map_err(|e| invalid(format!("not a PEM {what}: {e}")))?;
+    Ok(pem.contents)
+}
+
+/// What [`revoke`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revoked {
+    /// The revoked certificate's serial number, hex.
+    pub serial: String,
+    /// False when the list held it already.
+    pub newly: bool,
+    /// How many certificates the list now holds.
+    pub listed: usize,
+    /// The list's file, `<dir>/crl.pem`.
+    pub crl: PathBuf,
+}
+
+/// Adds the certificate in the file `cert` to the certificate revocation list `<dir>/crl.pem`,
+/// signed by the CA of `dir` (`ca.pem`/`ca.key`, as [`init`] writes them), keeping what it listed
+/// before. A node or nameserver whose `tls_crl` names that file refuses the certificate as a
+/// client once it rereads its TLS files. Refuses a certificate the CA did not issue.
+pub fn revoke(dir: &Path, cert: &Path) -> Result<Revoked, CertError> {
+    let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let ca_text = read_text(&ca_cert)?;
+    let ca = Ca::from_pem(&ca_text, &read_text(&ca_key)?)?;
+    let ca_der = pem_der(&ca_cert, &ca_text, "certificate")?;
+    let leaf_der = pem_der(cert, &read_text(cert)?, "certificate")?;
+    let invalid = |path: &Path, reason: String| CertError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let (_, ca_parsed) = x509_parser::parse_x509_certificate(&ca_der)
+        .map_err(|e| invalid(&ca_cert, format!("not a certificate: {e}")))?;
+    let (_, leaf) = x509_parser::parse_x509_certificate(&leaf_der)
+        .map_err(|e| invalid(cert, format!("not a certificate: {e}")))?;
+    // The CA's signature decides (two development CAs may carry the same name).
+    if leaf.issuer().as_raw() != ca_parsed.subject().as_raw()
+        || leaf.verify_signature(Some(ca_parsed.public_key())).is_err()
+    {
+        return Err(invalid(
+            cert,
+            format!(
+                "issued by {}, not by the CA of {} ({})",
+                leaf.issuer(),
+                dir.display(),
+                ca_parsed.subject()
+            ),
+        ));
+    }
+    let serial = leaf.raw_serial().to_vec();
+    let crl_path = dir.join("crl.pem");
+    // (serial, revocation time in seconds) of what the list holds now.
+    let mut listed: Vec<(Vec<u8>, u64)> = Vec::new();
+    if crl_path.exists() {
+        let text = read_text(&crl_path)?;
+        let der = pem_der(&crl_path, &text, "certificate revocation list")?;
+        let (_, crl) = x509_parser::parse_x509_crl(&der)
+            .map_err(|e| invalid(&crl_path, format!("not a revocation list: {e}")))?;
+        if crl.issuer().as_raw() != ca_parsed.subject().as_raw() {
+            return Err(invalid(
+                &crl_path,
+                format!(
+                    "signed by {}, not by the CA of {}",
+                    crl.issuer(),
+                    dir.display()
+                ),
+            ));
+        }
+        listed.extend(crl.iter_revoked_certificates().map(|r| {
+            (
+                r.raw_serial().to_vec(),
+                r.revocation_date.timestamp().max(0) as u64,
+            )
+        }));
+    }
+    let now = now_secs();
+    let newly = !listed.iter().any(|(s, _)| *s == serial);
+    if newly {
+        listed.push((serial.clone(), now));
+    }
+    let params = CertificateRevocationListParams {
+        this_update: day!(now.saturating_sub(86_400)),
+        next_update: day!(now + VALID_DAYS * 86_400),
+        // Increases with each list written (one a second at most is enough here).
+        crl_number: SerialNumber::from(now),
+        issuing_distribution_point: None,
+        revoked_certs: listed
+            .iter()
+            .map(|(serial, at)| RevokedCertParams {
+                serial_number: SerialNumber::from_slice(serial),
+                revocation_time: day!(*at),
+                reason_code: Some(RevocationReason::Unspecified),
+                invalidity_date: None,
+            })
+            .collect(),
+        key_identifier_method: KeyIdMethod::Sha256,
+    };
+    let crl = params.signed_by(&ca.issuer)?;
+    write(&crl_path, &crl.pem()?, 0o644)?;
+    Ok(Revoked {
+        serial: serial.iter().map(|b| format!("{b:02x}")).collect(),
+        newly,
+        listed: listed.len(),
+        crl: crl_path,
+    })
+}
+
 /// Writes into `dir`: `ca.pem`/`ca.key` (kept and reused when present, so running it again
 /// issues new certificates from the same CA), `<group>-<id>.pem/.key` per node,
 /// `nameserver.pem/.key`, and `client.pem/.key`. Returns the files written.
@@ -222,14 +361,7 @@ pub fn init(dir: &Path, plan: &Plan) -> Result<Vec<PathBuf>, CertError> {
     let mut out = Vec::new();
     let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let ca = if ca_cert.exists() && ca_key.exists() {
-        let read = |p: &Path| {
-            fs::read_to_string(p).map_err(|source| CertError::Io {
-                what: "read",
-                path: p.to_path_buf(),
-                source,
-            })
-        };
-        Ca::from_pem(&read(&ca_cert)?, &read(&ca_key)?)?
+        Ca::from_pem(&read_text(&ca_cert)?, &read_text(&ca_key)?)?
     } else {
         let (ca, pem) = Ca::generate(&format!("raftmq {} development CA", plan.cluster))?;
         write_pair(dir, "ca", &pem, &mut out)?;
@@ -301,9 +433,105 @@ mod tests {
             ca: dir.path().join("ca.pem"),
             cert: Some(dir.path().join("broker-a-1.pem")),
             key: Some(dir.path().join("broker-a-1.key")),
+            crl: None,
         })
         .unwrap();
         assert!(tls.server_config().is_some());
         assert!(!tls.reload_if_changed().unwrap());
+    }
+
+    /// Whether a server with `tls`'s material completes a TLS handshake with a client presenting
+    /// the pair `name` of `dir` (both sides over an in-memory stream).
+    async fn server_accepts(tls: &crate::tls::Tls, dir: &Path, name: &str) -> bool {
+        let read = |f: String| fs::read(dir.join(f)).unwrap();
+        let chain: Vec<_> = CertificateDer::pem_slice_iter(&read(format!("{name}.pem")))
+            .map(Result::unwrap)
+            .collect();
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(&read(format!("{name}.key"))).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(&read("ca.pem".into())).unwrap())
+            .unwrap();
+        #[allow(deprecated)]
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        let (a, b) = tokio::io::duplex(64 << 10);
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client));
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config().unwrap());
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (server, _client) = tokio::join!(acceptor.accept(a), connector.connect(name, b));
+        server.is_ok()
+    }
+
+    #[tokio::test]
+    async fn t2_a_revoked_certificate_is_refused_by_a_server_that_reads_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let plan = Plan {
+            cluster: "C".into(),
+            groups: vec![("broker-a".into(), vec![1, 2, 3])],
+            hosts: vec!["localhost".into()],
+            per_node_hosts: false,
+        };
+        init(d, &plan).unwrap();
+        let crl = d.join("crl.pem");
+        let tls = crate::tls::Tls::load(crate::tls::TlsFiles {
+            ca: d.join("ca.pem"),
+            cert: Some(d.join("broker-a-1.pem")),
+            key: Some(d.join("broker-a-1.key")),
+            crl: None,
+        })
+        .unwrap();
+        assert!(server_accepts(&tls, d, "broker-a-3").await);
+
+        let r = revoke(d, &d.join("broker-a-3.pem")).unwrap();
+        assert!(r.newly && r.listed == 1 && r.crl == crl, "{r:?}");
+        assert_eq!(r.serial.len() % 2, 0);
+        // Again: nothing new, the list unchanged in what it holds.
+        let again = revoke(d, &d.join("broker-a-3.pem")).unwrap();
+        assert!(!again.newly && again.listed == 1 && again.serial == r.serial);
+        assert_eq!(revoke(d, &d.join("client.pem")).unwrap().listed, 2);
+
+        let tls = crate::tls::Tls::load(crate::tls::TlsFiles {
+            ca: d.join("ca.pem"),
+            cert: Some(d.join("broker-a-1.pem")),
+            key: Some(d.join("broker-a-1.key")),
+            crl: Some(crl.clone()),
+        })
+        .unwrap();
+        assert!(!server_accepts(&tls, d, "broker-a-3").await, "revoked");
+        assert!(!server_accepts(&tls, d, "client").await, "revoked");
+        assert!(server_accepts(&tls, d, "broker-a-2").await, "not revoked");
+
+        // A certificate of another CA is refused by name, and the list is left as it was.
+        let other = tempfile::tempdir().unwrap();
+        init(other.path(), &plan).unwrap();
+        let before = fs::read(&crl).unwrap();
+        let e = revoke(d, &other.path().join("broker-a-2.pem")).unwrap_err();
+        assert!(
+            matches!(&e, CertError::Invalid { path, reason }
+                if path.ends_with("broker-a-2.pem") && reason.contains("not by the CA")),
+            "{e}"
+        );
+        assert_eq!(fs::read(&crl).unwrap(), before);
+
+        // A list that does not parse keeps a reload from taking effect, naming the file.
+        fs::write(
+            &crl,
+            "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+        )
+        .unwrap();
+        let e = tls.reload_if_changed().unwrap_err();
+        assert!(e.to_string().contains("crl.pem"), "{e}");
+        assert!(
+            !server_accepts(&tls, d, "broker-a-3").await,
+            "old list in force"
+        );
     }
 }

@@ -7,6 +7,11 @@
 //! the bundle and names a member of the node's own group (see [`crate::identity`]). The client
 //! side (peer connections, registration, forwarding) presents the node's certificate.
 //!
+//! A certificate revocation list file (PEM, one CRL per CA; `raftmq cert revoke` writes one) makes
+//! the server side refuse a client certificate it lists: a revoked node can then neither reach its
+//! peers' Raft service nor register with a nameserver. Only the leaf is checked, and a certificate
+//! of a CA the file has no CRL for is not refused (during a CA rotation only one CA may have one).
+//!
 //! [`Tls::reload_if_changed`] rereads the files when their size or time changed; a new connection
 //! gets the new material, connections already open keep theirs. A file that does not parse leaves
 //! the old material in force and is reported, so a half-written file never takes a node down.
@@ -18,7 +23,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -39,6 +44,8 @@ pub struct TlsFiles {
     pub cert: Option<PathBuf>,
     /// This side's private key (with `cert`).
     pub key: Option<PathBuf>,
+    /// Certificate revocation lists (PEM) the server side checks client certificates against.
+    pub crl: Option<PathBuf>,
 }
 
 /// Why TLS material could not be loaded.
@@ -167,11 +174,16 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 }
 
 fn stamps(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
-    [Some(&files.ca), files.cert.as_ref(), files.key.as_ref()]
-        .into_iter()
-        .flatten()
-        .map(|p| stamp(p))
-        .collect()
+    [
+        Some(&files.ca),
+        files.cert.as_ref(),
+        files.key.as_ref(),
+        files.crl.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| stamp(p))
+    .collect()
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -222,13 +234,28 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
             path: key_path.clone(),
             what: "PEM private key",
         })?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| TlsError::Refused {
-                path: files.ca.clone(),
-                reason: e.to_string(),
-            })?;
+        let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .allow_unauthenticated();
+        if let Some(crl_path) = &files.crl {
+            let crl_pem = read(crl_path)?;
+            let crls: Vec<_> = CertificateRevocationListDer::pem_slice_iter(&crl_pem)
+                .collect::<Result<_, _>>()
+                .map_err(|e| TlsError::Refused {
+                    path: crl_path.clone(),
+                    reason: format!("not a PEM certificate revocation list: {e}"),
+                })?;
+            verifier = verifier
+                .with_crls(crls)
+                .only_check_end_entity_revocation()
+                .allow_unknown_revocation_status();
+        }
+        let verifier = verifier.build().map_err(|e| TlsError::Refused {
+            path: match (&e, &files.crl) {
+                (rustls::server::VerifierBuilderError::InvalidCrl(_), Some(crl)) => crl.clone(),
+                _ => files.ca.clone(),
+            },
+            reason: e.to_string(),
+        })?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Refused {

@@ -1,4 +1,5 @@
-//! `raftmq cert init`: development certificates for a cluster with TLS on.
+//! `raftmq cert init`: development certificates for a cluster with TLS on; `raftmq cert revoke`:
+//! a certificate added to the CA's revocation list (`crl.pem`).
 //!
 //! Writes into `--dir` a CA (`ca.pem`, `ca.key`; kept and reused when the directory has one, so
 //! certificates issued again chain to the CA nodes and clients already trust), a certificate per
@@ -34,7 +35,53 @@ pub fn run(json: bool, cmd: CertCmd) -> Result<()> {
             }
             Ok(())
         }
+        CertCmd::Revoke { dir, cert } => {
+            let r = certgen::revoke(&dir, &cert)
+                .with_context(|| format!("revoking {}", cert.display()))?;
+            if json {
+                println!("{}", json_line(&revoked_json(&r, &cert)));
+            } else {
+                print!("{}", revoked_text(&r, &cert));
+            }
+            Ok(())
+        }
     }
+}
+
+/// What `cert revoke` did, and how the list takes effect.
+pub fn revoked_text(r: &certgen::Revoked, cert: &Path) -> String {
+    let crl = r.crl.display();
+    let mut out = if r.newly {
+        format!(
+            "revoked {} (serial {}): {crl} now lists {} certificate(s)\n",
+            cert.display(),
+            r.serial,
+            r.listed
+        )
+    } else {
+        format!(
+            "{} (serial {}) was revoked already: {crl} lists {} certificate(s)\n",
+            cert.display(),
+            r.serial,
+            r.listed
+        )
+    };
+    out.push_str(&format!(
+        "nodes and nameservers with tls_crl = \"{crl}\" (or a copy of it) refuse it within their \
+         tls_reload_ms; remove a revoked node from its group with `raftmq node remove`\n"
+    ));
+    out
+}
+
+/// `cert revoke --json`: `{"cert", "serial", "newly", "listed", "crl"}`.
+pub fn revoked_json(r: &certgen::Revoked, cert: &Path) -> Value {
+    json!({
+        "cert": cert.display().to_string(),
+        "serial": r.serial,
+        "newly": r.newly,
+        "listed": r.listed,
+        "crl": r.crl.display().to_string(),
+    })
 }
 
 /// What `cert init` did.
@@ -323,5 +370,48 @@ mod tests {
         let e = init(&a).unwrap_err().to_string();
         assert!(e.contains("ca.key is not"), "{e}");
         assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca);
+    }
+
+    #[test]
+    fn revoke_lists_a_certificate_once_and_says_how_it_takes_effect() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("certs");
+        let dir_text = dir.display().to_string();
+        init(&parse(&["--dir", &dir_text, "--group", "g=1,2"]).unwrap()).unwrap();
+        let cli = Cli::try_parse_from([
+            "raftmq",
+            "cert",
+            "revoke",
+            "--dir",
+            &dir_text,
+            "--cert",
+            &format!("{dir_text}/g-2.pem"),
+        ])
+        .unwrap();
+        let Command::Cert(CertCmd::Revoke { dir: d, cert }) = cli.command else {
+            panic!("not cert revoke");
+        };
+        let first = certgen::revoke(&d, &cert).unwrap();
+        let text = revoked_text(&first, &cert);
+        assert!(
+            text.starts_with(&format!("revoked {dir_text}/g-2.pem (serial ")),
+            "{text}"
+        );
+        assert!(
+            text.contains("now lists 1 certificate") && text.contains("tls_crl"),
+            "{text}"
+        );
+        let again = certgen::revoke(&d, &cert).unwrap();
+        assert!(revoked_text(&again, &cert).contains("was revoked already"));
+        let v: Value = serde_json::from_str(&json_line(&revoked_json(&again, &cert))).unwrap();
+        assert_eq!(v["newly"], false);
+        assert_eq!(v["listed"], 1);
+        assert_eq!(v["serial"], first.serial.as_str());
+        assert_eq!(v["crl"], format!("{dir_text}/crl.pem"));
+        // A file that is not a certificate is named.
+        let e = certgen::revoke(&d, &d.join("g-2.key"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("g-2.key"), "{e}");
     }
 }

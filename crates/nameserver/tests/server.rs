@@ -99,6 +99,15 @@ fn registration(id: u64, role: &str, term: u64, topics: &[(&str, u32)]) -> Regis
     }
 }
 
+/// Unregisters node `id` of DefaultCluster/broker-a.
+fn unregistration(id: u64) -> UnregisterRequest {
+    UnregisterRequest {
+        cluster: "DefaultCluster".into(),
+        broker: "broker-a".into(),
+        node_id: id,
+    }
+}
+
 /// A raw HTTP/1.1 GET over a fresh TCP connection; returns the whole response.
 async fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).await.expect("tcp connect");
@@ -192,15 +201,7 @@ async fn t10_register_route_cluster_info_over_grpc() {
     );
 
     tracing::info!("phase: unregister");
-    let reply = c
-        .unregister(UnregisterRequest {
-            cluster: "DefaultCluster".into(),
-            broker: "broker-a".into(),
-            node_id: 3,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = c.unregister(unregistration(3)).await.unwrap().into_inner();
     assert_eq!(reply.error, None);
     let route = route_of(&mut c, "orders").await;
     assert_eq!(route.brokers[0].nodes.len(), 2);
@@ -631,15 +632,16 @@ mod tls_auth {
             ..registration(1, "leader", 4, &[("orders", 8), ("payments", 2)])
         };
         let other_node = registration(2, "leader", 5, &[("orders", 8)]);
+        let mut refusals = Vec::new();
         for request in [other_group, other_node] {
             let named = format!("{}/{}/{}", request.cluster, request.broker, request.node_id);
-            let e = as_node
-                .register(request)
-                .await
-                .unwrap()
-                .into_inner()
-                .error
-                .expect("refused");
+            let reply = as_node.register(request).await.unwrap().into_inner();
+            refusals.push((named, reply.error));
+        }
+        let reply = as_node.unregister(unregistration(2)).await.unwrap();
+        refusals.push(("DefaultCluster/broker-a/2".into(), reply.into_inner().error));
+        for (named, error) in refusals {
+            let e = error.unwrap_or_else(|| panic!("{named}: not refused"));
             assert_eq!(e.code(), ErrorCode::Forbidden, "{}", e.message);
             assert!(
                 e.message.contains("raftmq://DefaultCluster/broker-a/1")
@@ -648,18 +650,6 @@ mod tls_auth {
                 e.message
             );
         }
-        let e = as_node
-            .unregister(UnregisterRequest {
-                cluster: "DefaultCluster".into(),
-                broker: "broker-a".into(),
-                node_id: 2,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .error
-            .expect("refused");
-        assert_eq!(e.code(), ErrorCode::Forbidden, "{}", e.message);
 
         tracing::info!("phase: a user's signature reads routes, no signature does not");
         let anonymous = tls_channel(ns.addr, files(&ca_file, None))
@@ -719,15 +709,7 @@ mod tls_auth {
             err.message
         );
         let reply = c
-            .unregister(signed(
-                UnregisterRequest {
-                    cluster: "DefaultCluster".into(),
-                    broker: "broker-a".into(),
-                    node_id: 1,
-                },
-                "reader",
-                READER_SECRET,
-            ))
+            .unregister(signed(unregistration(1), "reader", READER_SECRET))
             .await
             .unwrap()
             .into_inner();

@@ -12,6 +12,13 @@
 //!
 //! Figures per step are printed as a table (`SWARM` lines).
 //!
+//! The same scenario runs against the secure variant too (`deploy/swarm/raftmq-stack.secure.yml`
+//! over the base file: TLS on every port, auth on, certificates as Swarm secrets made from the
+//! files of the image's own `raftmq cert init`). There, before the load, a plaintext client and a
+//! TLS client with a wrong secret are refused and store nothing, while the admin, through the
+//! same kind of client container, stores what it sends. The producer trusts the CA and signs as
+//! the admin; the CLI inside the tasks does so through the tasks' environment.
+//!
 //! When it runs:
 //! - a Docker engine answers (`docker info`): it runs and fails on any problem. If the engine is not
 //!   in a swarm, the test runs `docker swarm init` itself and `docker swarm leave --force` at the
@@ -21,8 +28,9 @@
 //!   printing why it skipped.
 //!
 //! It needs the image `raftmq:latest` (or `RAFTMQ_IMAGE`); when missing it is built with
-//! `deploy/build-image.sh` (unless `RAFTMQ_DEPLOY_BUILD=0`). The stack (`rmqs-<pid>`) and its
-//! volumes are always removed at the end, by a drop guard, also when the test fails.
+//! `deploy/build-image.sh` (unless `RAFTMQ_DEPLOY_BUILD=0`). The stack (`rmqs-<pid>`), its
+//! volumes, network and secrets are always removed at the end, by a drop guard, also when the test
+//! fails; when the test passed, anything left behind fails it.
 //!
 //! The producer is the image's own `raftmq produce --json`, run as a container on the stack's
 //! attachable overlay network (the nodes advertise `a1:10911`..., names only that network
@@ -42,6 +50,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 const STACK_FILE: &str = "deploy/swarm/raftmq-stack.yml";
+/// TLS and auth over [`STACK_FILE`].
+const SECURE_FILE: &str = "deploy/swarm/raftmq-stack.secure.yml";
 const BROKERS: [&str; 3] = ["a1", "a2", "a3"];
 const NAMESERVER: &str = "nameserver:9876";
 const TOPIC: &str = "swarm";
@@ -295,6 +305,11 @@ impl Drop for SwarmMembership {
 
 const STACK_PREFIX: &str = "rmqs-";
 
+/// This run's stack name.
+fn stack_name() -> String {
+    format!("{STACK_PREFIX}{}", std::process::id())
+}
+
 /// Removes stacks of earlier runs whose process is gone (killed by a timeout, say).
 fn sweep_stale() {
     let stacks = docker(&["stack", "ls", "--format", "{{.Name}}"]).stdout;
@@ -304,12 +319,16 @@ fn sweep_stale() {
             continue;
         }
         eprintln!("swarm test: removing stack {name}, left behind by an earlier run");
-        remove_stack(name, &[]);
+        let left = remove_stack(name, &[]);
+        if !left.is_empty() {
+            eprintln!("swarm test: stack {name} not fully removed: {left:?}");
+        }
     }
 }
 
-/// `docker stack rm`, then waits for its containers to go and removes its volumes and network.
-fn remove_stack(name: &str, extra: &[String]) {
+/// `docker stack rm`, then waits for its containers to go and removes its volumes, secrets and
+/// network. Returns what is left of the stack (empty when everything went).
+fn remove_stack(name: &str, extra: &[String]) -> Vec<String> {
     for c in extra {
         let _ = docker(&["rm", "-f", c]);
     }
@@ -336,36 +355,110 @@ fn remove_stack(name: &str, extra: &[String]) {
             eprintln!("swarm test: docker volume rm {v} failed: {}", rm.reason());
         }
     }
+    // `docker stack rm` removes the stack's secrets too, unless a task still held one then.
+    loop {
+        let secrets = docker(&["secret", "ls", "-q", "--filter", &label]).stdout;
+        let secrets: Vec<&str> = secrets.lines().filter(|s| !s.is_empty()).collect();
+        if secrets.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        let mut rm = vec!["secret", "rm"];
+        rm.extend(&secrets);
+        let _ = docker(&rm);
+        std::thread::sleep(POLL);
+    }
     let network = format!("{name}_raftmq");
     while Instant::now() < deadline && docker(&["network", "inspect", &network]).ok() {
         let _ = docker(&["network", "rm", &network]);
         std::thread::sleep(POLL);
     }
+    leftovers(name, extra)
+}
+
+/// What is left of stack `name`: containers, volumes, secrets, its network, and the containers
+/// the test started on it.
+fn leftovers(name: &str, extra: &[String]) -> Vec<String> {
+    let label = format!("label=com.docker.stack.namespace={name}");
+    let mut left = Vec::new();
+    for (kind, args) in [
+        ("container", vec!["ps", "-aq", "--filter", &label]),
+        ("volume", vec!["volume", "ls", "-q", "--filter", &label]),
+        (
+            "secret",
+            vec!["secret", "ls", "--format", "{{.Name}}", "--filter", &label],
+        ),
+    ] {
+        let out = docker(&args);
+        if !out.ok() {
+            left.push(format!("({kind}s unknown: {})", out.reason()));
+        }
+        left.extend(
+            out.stdout
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| format!("{kind} {l}")),
+        );
+    }
+    let network = format!("{name}_raftmq");
+    if docker(&["network", "inspect", &network]).ok() {
+        left.push(format!("network {network}"));
+    }
+    for c in extra {
+        if docker(&["container", "inspect", c]).ok() {
+            left.push(format!("container {c}"));
+        }
+    }
+    left
 }
 
 struct Stack {
     name: String,
     image: String,
-    /// Containers the test started with `docker run` on the stack's network.
+    /// What the producer container gets: the CA and the admin's credentials on a secure stack.
+    client: ClientSpec,
+    /// Containers the test started on the stack's network.
     extra: Mutex<Vec<String>>,
 }
 
+/// The environment of a client container on the stack's network, and files copied into it
+/// before it starts (host path, path inside).
+#[derive(Debug, Clone, Default)]
+struct ClientSpec {
+    env: Vec<(String, String)>,
+    files: Vec<(PathBuf, String)>,
+}
+
 impl Stack {
-    /// Deploys the stack with `image` (`sc.deploy_image`) and waits for every task healthy.
+    /// Deploys the stack files `sc.files` with `image` (`sc.deploy_image`) and waits for every
+    /// task healthy.
     fn deploy(engine: &Engine, sc: &Scenario) -> Stack {
         sweep_stale();
         let stack = Stack {
-            name: format!("{STACK_PREFIX}{}", std::process::id()),
+            name: stack_name(),
             image: sc.client_image.clone(),
+            client: sc
+                .secure
+                .as_ref()
+                .map(|s| s.client(true, &s.admin_secret))
+                .unwrap_or_default(),
             extra: Mutex::new(Vec::new()),
         };
+        assert!(!sc.files.is_empty(), "a scenario names its stack files");
+        let mut deploy = Command::new("docker");
+        deploy.args(["stack", "deploy", "--resolve-image", "never"]);
+        for file in &sc.files {
+            let path = engine.root.join(file);
+            assert!(path.is_file(), "stack file {} is missing", path.display());
+            deploy.arg("-c").arg(path);
+        }
+        if let Some(secure) = &sc.secure {
+            deploy.envs(secure.deploy_env());
+        }
         let start = Instant::now();
         must(
             "docker stack deploy",
             run(
-                Command::new("docker")
-                    .args(["stack", "deploy", "--resolve-image", "never", "-c"])
-                    .arg(engine.root.join(STACK_FILE))
+                deploy
                     .arg(&stack.name)
                     .env("RAFTMQ_IMAGE", &sc.deploy_image)
                     .env("RAFTMQ_NAMESERVER_REPLICAS", sc.nameservers.to_string())
@@ -497,40 +590,74 @@ impl Stack {
         })
     }
 
+    /// A `raftmq` CLI container on the stack's network (`docker create`, the files of `spec`
+    /// copied in, registered for removal); returns the command that starts it attached.
+    fn client_command(&self, name: &str, spec: &ClientSpec, args: &[&str]) -> Command {
+        self.extra.lock().unwrap().push(name.to_owned());
+        let mut create = Command::new("docker");
+        create.args([
+            "create",
+            "--rm",
+            "--init",
+            "--name",
+            name,
+            "--network",
+            &self.network(),
+        ]);
+        for (k, v) in &spec.env {
+            // `-e NAME` takes the value from docker's own environment: no secret on a command line.
+            create.args(["-e", k]).env(k, v);
+        }
+        create
+            .args([&self.image, "raftmq", "--nameserver", NAMESERVER])
+            .args(args);
+        must(
+            &format!("docker create {name}"),
+            run(&mut create, COMMAND_TIMEOUT),
+        );
+        for (from, to) in &spec.files {
+            must(
+                &format!("docker cp {} {name}:{to}", from.display()),
+                run(
+                    Command::new("docker")
+                        .arg("cp")
+                        .arg(from)
+                        .arg(format!("{name}:{to}")),
+                    COMMAND_TIMEOUT,
+                ),
+            );
+        }
+        let mut start = Command::new("docker");
+        start.args(["start", "--attach", name]);
+        start
+    }
+
     fn start_producer(&self) -> Producer {
         let name = format!("{}-producer", self.name);
-        self.extra.lock().unwrap().push(name.clone());
-        let mut child = Command::new("docker")
-            .args([
-                "run",
-                "--rm",
-                "--init",
-                "--name",
+        let mut child = self
+            .client_command(
                 &name,
-                "--network",
-                &self.network(),
-                &self.image,
-                "raftmq",
-                "--nameserver",
-                NAMESERVER,
-                "produce",
-                "--topic",
-                TOPIC,
-                "--count",
-                PRODUCE_MAX,
-                "--size",
-                "100",
-                "--inflight",
-                INFLIGHT,
-                "--timeout-ms",
-                "60000",
-                "--json",
-            ])
+                &self.client,
+                &[
+                    "produce",
+                    "--topic",
+                    TOPIC,
+                    "--count",
+                    PRODUCE_MAX,
+                    "--size",
+                    "100",
+                    "--inflight",
+                    INFLIGHT,
+                    "--timeout-ms",
+                    "60000",
+                    "--json",
+                ],
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("docker run starts");
+            .expect("docker start runs");
         let acks = Arc::new(Mutex::new(Vec::new()));
         let stdout = child.stdout.take().expect("piped");
         let sink = Arc::clone(&acks);
@@ -632,7 +759,14 @@ impl Drop for Stack {
             }
         }
         let extra: Vec<String> = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
-        remove_stack(&self.name, &extra);
+        let left = remove_stack(&self.name, &extra);
+        if !left.is_empty() {
+            if std::thread::panicking() {
+                eprintln!("[{}] not fully removed: {left:?}", self.name);
+            } else {
+                panic!("[{}] the drop guard left behind {left:?}", self.name);
+            }
+        }
     }
 }
 
@@ -1015,6 +1149,10 @@ fn service_of(node: &NodeView) -> String {
 
 /// What one run deploys, does and rolls to.
 struct Scenario {
+    /// The stack files, `docker stack deploy -c` in this order.
+    files: Vec<&'static str>,
+    /// TLS and auth (with [`SECURE_FILE`]): the certificates and the admin's secret.
+    secure: Option<Secure>,
     /// The image the stack is deployed with.
     deploy_image: String,
     /// The image every broker service is rolled to.
@@ -1036,11 +1174,14 @@ struct Scenario {
     upgrade: bool,
 }
 
-#[test]
-fn swarm_kill_and_rolling_update_under_load() {
+/// Kills the leader's task, then rolls every broker service to another tag, under load, on the
+/// stack made of `files` (`secure`: its certificates and refusal checks).
+fn kill_and_roll(files: Vec<&'static str>, secure: impl FnOnce(&Engine) -> Option<Secure>) {
     let Some(engine) = engine() else { return };
     must("docker tag", docker(&["tag", &engine.image, "raftmq:roll"]));
     let sc = Scenario {
+        files,
+        secure: secure(&engine),
         deploy_image: engine.image.clone(),
         roll_image: "raftmq:roll".into(),
         client_image: engine.image.clone(),
@@ -1052,6 +1193,23 @@ fn swarm_kill_and_rolling_update_under_load() {
         upgrade: false,
     };
     roll_under_load(&engine, &sc);
+}
+
+#[test]
+fn swarm_kill_and_rolling_update_under_load() {
+    kill_and_roll(vec![STACK_FILE], |_| None);
+}
+
+/// The first test's kill and roll against the secure variant: the base stack file with
+/// deploy/swarm/raftmq-stack.secure.yml over it (TLS on every port, auth on, the certificates of
+/// the image's own `raftmq cert init` as Swarm secrets). Before the load a plaintext client and a
+/// client with a wrong secret are refused and store nothing (`check_secure`); the producer speaks
+/// TLS and signs as the admin. The drop guard removes the stack's secrets with it.
+#[test]
+fn swarm_secure_kill_and_rolling_update_under_load() {
+    kill_and_roll(vec![STACK_FILE, SECURE_FILE], |engine| {
+        Some(Secure::make(&engine.image))
+    });
 }
 
 /// The image of the first release, commit `819deb4` (before any on-disk format had a version).
@@ -1078,6 +1236,8 @@ fn swarm_upgrade_from_v0_1_0_under_load() {
         "image {V0_1_0_IMAGE} is missing: build it as this test's doc comment says"
     );
     let sc = Scenario {
+        files: vec![STACK_FILE],
+        secure: None,
         deploy_image: V0_1_0_IMAGE.into(),
         roll_image: engine.image.clone(),
         client_image: V0_1_0_IMAGE.into(),
@@ -1105,6 +1265,12 @@ fn roll_under_load(engine: &Engine, sc: &Scenario) {
             COMMAND_TIMEOUT,
         ),
     );
+
+    let secure_lines = sc
+        .secure
+        .as_ref()
+        .map(|secure| check_secure(&stack, secure))
+        .unwrap_or_default();
 
     let before = if sc.data_before > 0 {
         let n = sc.data_before.to_string();
@@ -1301,6 +1467,9 @@ fn roll_under_load(engine: &Engine, sc: &Scenario) {
         consumed.len(),
         started.elapsed().as_secs_f64()
     );
+    for line in &secure_lines {
+        eprintln!("SWARM [{}] {line}", stack.name);
+    }
     for s in &steps {
         if let Some((n, view)) = &s.min_caught_up {
             eprintln!(
@@ -1417,4 +1586,282 @@ fn kill_leader_task(
         t0,
         Instant::now(),
     ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS and auth.
+
+/// The admin's secret the secure stack is deployed with, and one that is not it.
+const ADMIN_SECRET: &str = "swarm-test-admin-secret-7f3a";
+const WRONG_SECRET: &str = "swarm-test-wrong-secret-7f3a";
+/// The names the stack's certificates serve (`raftmq cert init --host`): the advertised node
+/// addresses peers and clients dial, the nameserver service, and the tasks' own port (health
+/// checks, the CLI inside a task).
+const CERT_HOSTS: [&str; 6] = ["nameserver", "a1", "a2", "a3", "localhost", "127.0.0.1"];
+/// The secrets deploy/swarm/raftmq-stack.secure.yml declares, and the files they are made from.
+const SECRETS: [(&str, &str); 9] = [
+    ("ca", "ca.pem"),
+    ("nameserver-cert", "nameserver.pem"),
+    ("nameserver-key", "nameserver.key"),
+    ("broker-a-1-cert", "broker-a-1.pem"),
+    ("broker-a-1-key", "broker-a-1.key"),
+    ("broker-a-2-cert", "broker-a-2.pem"),
+    ("broker-a-2-key", "broker-a-2.key"),
+    ("broker-a-3-cert", "broker-a-3.pem"),
+    ("broker-a-3-key", "broker-a-3.key"),
+];
+/// Where a client container finds the CA (copied in before it starts).
+const CLIENT_CA: &str = "/tmp/ca.pem";
+/// The topic refused clients try to send to.
+const REFUSED_TOPIC: &str = "swarm-refused";
+/// A refused client must have given up by then (it retries each message for 5 s).
+const REFUSED_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Certificates made by the image's own `raftmq cert init` (removed with this value) and the
+/// admin's secret.
+struct Secure {
+    dir: tempfile::TempDir,
+    admin_secret: String,
+}
+
+impl Secure {
+    fn make(image: &str) -> Secure {
+        let dir = tempfile::Builder::new()
+            .prefix("rmqs-certs-")
+            .tempdir()
+            .expect("a temporary directory");
+        let name = format!("{}-certs", stack_name());
+        let _ = docker(&["rm", "-f", &name]);
+        let mut args = vec![
+            "run",
+            "--name",
+            &name,
+            image,
+            "raftmq",
+            "cert",
+            "init",
+            "--dir",
+            "/certs",
+            "--cluster",
+            "DefaultCluster",
+            "--group",
+            "broker-a=1,2,3",
+        ];
+        for host in CERT_HOSTS {
+            args.extend(["--host", host]);
+        }
+        let made = docker(&args);
+        let certs = dir.path().join("certs");
+        let copied = made.ok().then(|| {
+            run(
+                Command::new("docker")
+                    .arg("cp")
+                    .arg(format!("{name}:/certs"))
+                    .arg(&certs),
+                COMMAND_TIMEOUT,
+            )
+        });
+        let _ = docker(&["rm", "-f", &name]);
+        must("raftmq cert init in the image", made);
+        must(
+            "docker cp of the certificates",
+            copied.expect("copied after cert init"),
+        );
+        for (_, file) in SECRETS {
+            assert!(
+                certs.join(file).is_file(),
+                "raftmq cert init wrote no {file} into {}",
+                certs.display()
+            );
+        }
+        eprintln!(
+            "swarm test: certificates for {CERT_HOSTS:?} in {}",
+            certs.display()
+        );
+        Secure {
+            dir,
+            admin_secret: ADMIN_SECRET.into(),
+        }
+    }
+
+    fn certs(&self) -> PathBuf {
+        self.dir.path().join("certs")
+    }
+
+    /// The secure stack file's knobs for `docker stack deploy`.
+    fn deploy_env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "RAFTMQ_CERTS_DIR".into(),
+                self.certs().to_string_lossy().into_owned(),
+            ),
+            ("RAFTMQ_ADMIN_SECRET".into(), self.admin_secret.clone()),
+        ]
+    }
+
+    /// A client container signing as the admin with `secret`; trusting the CA (over TLS) when
+    /// `tls`, else speaking plaintext.
+    fn client(&self, tls: bool, secret: &str) -> ClientSpec {
+        let mut spec = ClientSpec {
+            env: vec![
+                ("RAFTMQ_ACCESS_KEY".into(), "admin".into()),
+                ("RAFTMQ_SECRET_KEY".into(), secret.into()),
+            ],
+            files: Vec::new(),
+        };
+        if tls {
+            spec.env.push(("RAFTMQ_TLS_CA".into(), CLIENT_CA.into()));
+            spec.files
+                .push((self.certs().join("ca.pem"), CLIENT_CA.to_owned()));
+        }
+        spec
+    }
+}
+
+/// Messages stored in `topic` (`topic status --json`, run in a nameserver task).
+fn topic_messages(stack: &Stack, topic: &str) -> Result<u64, String> {
+    let out = stack.cli(
+        &["topic", "status", topic, "--json"],
+        Duration::from_secs(30),
+    );
+    if !out.ok() {
+        return Err(format!("topic status: {}", out.reason()));
+    }
+    let v: Value = serde_json::from_str(out.stdout.trim())
+        .map_err(|e| format!("topic status printed no JSON ({e}): {}", out.stdout))?;
+    if v["brokers"].as_array().is_none_or(|b| b.is_empty()) {
+        return Err(format!("topic status names no broker group: {v}"));
+    }
+    v["messages"]
+        .as_u64()
+        .ok_or_else(|| format!("topic status without a message count: {v}"))
+}
+
+/// The last non-empty line of `text`, at most 240 characters.
+fn last_line(text: &str) -> String {
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    line.trim().chars().take(240).collect()
+}
+
+/// On a secure stack, before the load: the stack's secrets exist; a plaintext client and a TLS
+/// client with a wrong secret are refused and store nothing; the admin, through the same kind of
+/// client container, stores the one message it sends. Returns a line per client for the figures.
+fn check_secure(stack: &Stack, secure: &Secure) -> Vec<String> {
+    let label = format!("label=com.docker.stack.namespace={}", stack.name);
+    let have: BTreeSet<String> = must(
+        "docker secret ls",
+        docker(&["secret", "ls", "--format", "{{.Name}}", "--filter", &label]),
+    )
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(str::to_owned)
+    .collect();
+    let want: BTreeSet<String> = SECRETS
+        .iter()
+        .map(|(secret, _)| format!("{}_{secret}", stack.name))
+        .collect();
+    assert_eq!(have, want, "the stack's secrets");
+    must(
+        "topic create",
+        stack.cli(
+            &["topic", "create", REFUSED_TOPIC, "--queues", "2"],
+            COMMAND_TIMEOUT,
+        ),
+    );
+    let send = |who: &str, spec: &ClientSpec, count: &str| -> (Out, Vec<Ack>) {
+        let name = format!("{}-{who}", stack.name);
+        let mut cmd = stack.client_command(
+            &name,
+            spec,
+            &[
+                "produce",
+                "--topic",
+                REFUSED_TOPIC,
+                "--count",
+                count,
+                "--size",
+                "100",
+                "--timeout-ms",
+                "5000",
+                "--json",
+            ],
+        );
+        let out = run(&mut cmd, REFUSED_TIMEOUT);
+        let acks = out.stdout.lines().filter_map(Ack::parse).collect();
+        (out, acks)
+    };
+
+    let mut lines = Vec::new();
+    let refused = [
+        (
+            "plaintext",
+            secure.client(false, &secure.admin_secret),
+            None,
+        ),
+        (
+            "wrong-secret",
+            secure.client(true, WRONG_SECRET),
+            Some("unauthenticated"),
+        ),
+    ];
+    for (who, spec, says) in refused {
+        let (out, acks) = send(who, &spec, "10");
+        assert!(
+            out.status.is_some(),
+            "the {who} client neither succeeded nor was refused within {REFUSED_TIMEOUT:?}"
+        );
+        assert!(
+            !out.ok() && acks.is_empty(),
+            "the {who} client was answered ({} acknowledgements): {}",
+            acks.len(),
+            tail(&out.stdout, 5)
+        );
+        if let Some(word) = says {
+            assert!(
+                out.stderr.to_lowercase().contains(word),
+                "the {who} client's refusal does not say {word}: {}",
+                tail(&out.stderr, 10)
+            );
+        }
+        lines.push(format!(
+            "{who} client refused in {:.1} s ({}): {}",
+            out.elapsed.as_secs_f64(),
+            out.status.map_or("-".into(), |s| s.to_string()),
+            last_line(&out.stderr)
+        ));
+    }
+    let stored = topic_messages(stack, REFUSED_TOPIC).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        stored, 0,
+        "refused clients' sends were stored in {REFUSED_TOPIC}"
+    );
+
+    // The same kind of container with the CA and the admin's secret is answered, and what it
+    // stored is counted (so the count above could have seen a refused client's message).
+    let (out, acks) = send("admin", &stack.client, "1");
+    assert!(
+        out.ok() && acks.len() == 1,
+        "the admin's client container: {} acknowledgements, {}",
+        acks.len(),
+        out.reason()
+    );
+    wait_for(
+        &format!("the admin's message counted in {REFUSED_TOPIC}"),
+        Duration::from_secs(30),
+        || match topic_messages(stack, REFUSED_TOPIC)? {
+            1 => Ok(()),
+            0 => Err("0 messages".into()),
+            n => panic!("{n} messages in {REFUSED_TOPIC}, 1 sent: refused sends were stored"),
+        },
+    );
+    lines.push(format!(
+        "admin client (TLS, right secret) answered in {:.1} s; {REFUSED_TOPIC} holds its 1 message, \
+         none of the refused clients' 20",
+        out.elapsed.as_secs_f64()
+    ));
+    lines
 }

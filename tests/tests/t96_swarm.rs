@@ -249,6 +249,14 @@ fn ensure_image(root: &Path, image: &str) {
     );
 }
 
+/// The tests of this file one at a time (cargo runs tests on several threads).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Leaves the swarm on drop if this test created it.
 struct SwarmMembership {
     created: bool,
@@ -1252,6 +1260,9 @@ fn swarm_upgrade_from_v0_1_0_under_load() {
 }
 
 fn roll_under_load(engine: &Engine, sc: &Scenario) {
+    // One stack at a time: the tests share the engine's swarm membership (one may `docker swarm
+    // init` while another leaves) and the machine's two cores.
+    let _one = serial();
     let started = Instant::now();
     // Declared before the stack: dropped (the swarm left) after the stack is removed.
     let _swarm = SwarmMembership::ensure();

@@ -260,7 +260,7 @@ impl Load {
 
 /// Checks, before a test writes `bytes` into `dir`, that its file system has room: the data plus
 /// the share a local node keeps free (it refuses sends above its full watermark,
-/// [`raftmq_cli::local_cluster::LOCAL_WATERMARKS`]). Prints the figures; panics naming them when
+/// [`raftmq_cli::local_cluster::LOCAL_FULL_WATERMARK_PCT`]). Prints the figures; panics naming them when
 /// there is no room, so a machine short of disk fails at once with the reason, not after minutes
 /// of refused sends.
 pub fn require_free_disk(dir: &std::path::Path, bytes: u64, what: &str) {
@@ -269,11 +269,9 @@ pub fn require_free_disk(dir: &std::path::Path, bytes: u64, what: &str) {
     let frag = st.fragment_size();
     let avail = st.blocks_available() * frag;
     let used = (st.blocks() - st.blocks_free()) * frag;
-    let full_pct: u64 = raftmq_cli::local_cluster::LOCAL_WATERMARKS
-        .iter()
-        .find(|(k, _)| *k == "RAFTMQ_FULL_WATERMARK_PCT")
-        .and_then(|(_, v)| v.parse().ok())
-        .expect("the local full watermark");
+    let full_pct: u64 = raftmq_cli::local_cluster::LOCAL_FULL_WATERMARK_PCT
+        .parse()
+        .expect("the local full watermark is a number");
     let visible = used + avail;
     // What stays free once the test wrote its bytes must keep the disk below the watermark.
     let reserve = visible * (100 - full_pct) / 100;

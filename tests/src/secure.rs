@@ -111,11 +111,7 @@ impl Cluster {
         make_certs(&certs, &[("broker-a", n), ("broker-b", 1)]);
         // A revocation list from the start, as an operator keeps one: it lists a retired
         // client's certificate.
-        let ca = certgen::Ca::from_pem(
-            &std::fs::read_to_string(certs.join("ca.pem")).unwrap(),
-            &std::fs::read_to_string(certs.join("ca.key")).unwrap(),
-        )
-        .unwrap();
+        let ca = certgen::Ca::from_dir(&certs).unwrap();
         let retired = certs.join("retired.pem");
         std::fs::write(&retired, ca.issue_client("retired").unwrap().cert).unwrap();
         certgen::revoke(&certs, &retired).unwrap();

@@ -461,11 +461,7 @@ async fn t91_2_strangers_on_the_peer_path_are_refused_and_the_log_is_unchanged()
     }
     // A second certificate naming member 3 (a stolen copy): admitted until it is revoked, then
     // refused at the handshake by every node once it rereads its revocation list.
-    let issuer = raftmq_security::certgen::Ca::from_pem(
-        &std::fs::read_to_string(s.certs.join("ca.pem")).unwrap(),
-        &std::fs::read_to_string(s.certs.join("ca.key")).unwrap(),
-    )
-    .unwrap();
+    let issuer = raftmq_security::certgen::Ca::from_dir(&s.certs).unwrap();
     let member_3 = raftmq_security::identity::NodeIdentity {
         cluster: "DefaultCluster".into(),
         broker: "broker-a".into(),

@@ -50,8 +50,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// above 99 %.
 pub const LOCAL_WATERMARKS: [(&str, &str); 2] = [
     ("RAFTMQ_CLEAN_WATERMARK_PCT", "97"),
-    ("RAFTMQ_FULL_WATERMARK_PCT", "99"),
+    ("RAFTMQ_FULL_WATERMARK_PCT", LOCAL_FULL_WATERMARK_PCT),
 ];
+/// The share of the disk in use above which a local node refuses sends (in [`LOCAL_WATERMARKS`]).
+pub const LOCAL_FULL_WATERMARK_PCT: &str = "99";
 
 /// How to start a [`LocalCluster`]: `LocalClusterOptions::new(3).broker_args(["--flag", "v"])…`.
 /// `Default` is what the CLI's demo and benches run: three nodes of `broker-a`.
@@ -270,11 +272,7 @@ impl Secured {
         key: &Path,
     ) -> Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        let read = |f: &str| {
-            std::fs::read_to_string(self.certs.join(f))
-                .with_context(|| format!("reading {}", self.certs.join(f).display()))
-        };
-        let ca = certgen::Ca::from_pem(&read("ca.pem")?, &read("ca.key")?)?;
+        let ca = certgen::Ca::from_dir(&self.certs)?;
         let identity = NodeIdentity {
             cluster: cluster.to_string(),
             broker: broker.to_string(),

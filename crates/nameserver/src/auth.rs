@@ -111,10 +111,10 @@ fn uris(ids: &[NodeIdentity]) -> String {
         .join(", ")
 }
 
-/// Whether `caller` may register or unregister (`action`) node `node_id` of `cluster`/`broker`,
-/// once [`authorize`] let it make the call: a node certificate only the nodes it names, so a
-/// node of one group can neither take over another group's routes nor remove its nodes. The
-/// admin's signature (an operator's) and auth off may name any node.
+/// Whether `caller` may register or unregister (`action`) node `node_id` of `cluster`/`broker`:
+/// what [`authorize`] allows, and a node certificate only for the nodes it names, so a node of
+/// one group can neither take over another group's routes nor remove its nodes. The admin's
+/// signature (an operator's) and auth off may name any node.
 pub fn authorize_node(
     caller: Option<&Caller>,
     action: Action,
@@ -122,6 +122,7 @@ pub fn authorize_node(
     broker: &str,
     node_id: u64,
 ) -> Result<(), Error> {
+    authorize(caller, action)?;
     let Some(Caller::Node(ids)) = caller else {
         return Ok(());
     };
@@ -408,6 +409,10 @@ mod tests {
                     "{text}"
                 );
             }
+            // What `authorize` refuses stays refused.
+            let user = Caller::User("reader".into());
+            let e = authorize_node(Some(&user), action, "C", "broker-a", 1).unwrap_err();
+            assert_eq!(e.code(), ErrorCode::Forbidden);
             // The admin's signature and auth off name any node.
             for caller in [Caller::Admin, Caller::Open] {
                 authorize_node(Some(&caller), action, "C", "broker-b", 7).unwrap();

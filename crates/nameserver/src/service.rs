@@ -51,8 +51,8 @@ impl Nameserver {
         self.count_refusal(request, action, auth::authorize(caller, action))
     }
 
-    /// Whether the call's caller may register or unregister this node (a node certificate only
-    /// the nodes it names).
+    /// [`Self::admit`] for a registration or an unregistration of one node: a node certificate
+    /// may name only itself.
     fn admit_node<T>(
         &self,
         request: &Request<T>,
@@ -141,10 +141,10 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
-        if let Err(e) = self.admit(&request, Action::Register).and_then(|()| {
-            let r = request.get_ref();
+        let r = request.get_ref();
+        if let Err(e) =
             self.admit_node(&request, Action::Register, &r.cluster, &r.broker, r.node_id)
-        }) {
+        {
             return Ok(Response::new(RegisterResponse {
                 error: Some(e.to_proto()),
                 expiry_secs: 0,
@@ -198,16 +198,14 @@ impl NameserverService for Nameserver {
         &self,
         request: Request<UnregisterRequest>,
     ) -> Result<Response<UnregisterResponse>, Status> {
-        if let Err(e) = self.admit(&request, Action::Unregister).and_then(|()| {
-            let r = request.get_ref();
-            self.admit_node(
-                &request,
-                Action::Unregister,
-                &r.cluster,
-                &r.broker,
-                r.node_id,
-            )
-        }) {
+        let r = request.get_ref();
+        if let Err(e) = self.admit_node(
+            &request,
+            Action::Unregister,
+            &r.cluster,
+            &r.broker,
+            r.node_id,
+        ) {
             return Ok(Response::new(UnregisterResponse {
                 error: Some(e.to_proto()),
             }));

@@ -119,6 +119,14 @@ impl Ca {
         })
     }
 
+    /// The CA that [`init`] keeps in `dir` (`ca.pem`, `ca.key`), to issue or revoke more.
+    pub fn from_dir(dir: &Path) -> Result<Ca, CertError> {
+        Ca::from_pem(
+            &read_text(&dir.join("ca.pem"))?,
+            &read_text(&dir.join("ca.key"))?,
+        )
+    }
+
     fn issue(
         &self,
         common_name: &str,
@@ -264,10 +272,9 @@ pub struct Revoked {
 /// before. A node or nameserver whose `tls_crl` names that file refuses the certificate as a
 /// client once it rereads its TLS files. Refuses a certificate the CA did not issue.
 pub fn revoke(dir: &Path, cert: &Path) -> Result<Revoked, CertError> {
-    let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
-    let ca_text = read_text(&ca_cert)?;
-    let ca = Ca::from_pem(&ca_text, &read_text(&ca_key)?)?;
-    let ca_der = pem_der(&ca_cert, &ca_text, "certificate")?;
+    let ca = Ca::from_dir(dir)?;
+    let ca_cert = dir.join("ca.pem");
+    let ca_der = pem_der(&ca_cert, &ca.cert_pem, "certificate")?;
     let leaf_der = pem_der(cert, &read_text(cert)?, "certificate")?;
     let invalid = |path: &Path, reason: String| CertError::Invalid {
         path: path.to_path_buf(),
@@ -361,7 +368,7 @@ pub fn init(dir: &Path, plan: &Plan) -> Result<Vec<PathBuf>, CertError> {
     let mut out = Vec::new();
     let (ca_cert, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let ca = if ca_cert.exists() && ca_key.exists() {
-        Ca::from_pem(&read_text(&ca_cert)?, &read_text(&ca_key)?)?
+        Ca::from_dir(dir)?
     } else {
         let (ca, pem) = Ca::generate(&format!("raftmq {} development CA", plan.cluster))?;
         write_pair(dir, "ca", &pem, &mut out)?;

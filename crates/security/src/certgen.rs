@@ -307,7 +307,9 @@ pub fn revoke(dir: &Path, cert: &Path) -> Result<Revoked, CertError> {
         let der = pem_der(&crl_path, &text, "certificate revocation list")?;
         let (_, crl) = x509_parser::parse_x509_crl(&der)
             .map_err(|e| invalid(&crl_path, format!("not a revocation list: {e}")))?;
-        if crl.issuer().as_raw() != ca_parsed.subject().as_raw() {
+        if crl.issuer().as_raw() != ca_parsed.subject().as_raw()
+            || crl.verify_signature(ca_parsed.public_key()).is_err()
+        {
             return Err(invalid(
                 &crl_path,
                 format!(
@@ -527,6 +529,16 @@ mod tests {
             "{e}"
         );
         assert_eq!(fs::read(&crl).unwrap(), before);
+        // Another CA's list (same name) in the directory is refused, not re-signed.
+        revoke(other.path(), &other.path().join("broker-a-1.pem")).unwrap();
+        fs::copy(other.path().join("crl.pem"), &crl).unwrap();
+        let e = revoke(d, &d.join("broker-a-2.pem")).unwrap_err();
+        assert!(
+            matches!(&e, CertError::Invalid { path, reason }
+                if path.ends_with("crl.pem") && reason.contains("not by the CA")),
+            "{e}"
+        );
+        fs::write(&crl, &before).unwrap();
 
         // A list that does not parse keeps a reload from taking effect, naming the file.
         fs::write(

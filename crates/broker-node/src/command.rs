@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 /// The command format version this build writes and the newest it reads (see the module doc).
 pub const COMMAND_FORMAT_VERSION: u32 = 1;
 /// How many [`CommandOf`] variants this build knows: tags `0..COMMAND_TAGS`.
-pub const COMMAND_TAGS: u32 = 22;
+pub const COMMAND_TAGS: u32 = 23;
 
 /// A command this build must not apply: it comes from a newer format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -302,6 +302,27 @@ pub enum CommandOf<B> {
         rule: raftmq_security::acl::Rule,
         revoke: bool,
     },
+    /// Several queues' batches in one entry (one log record, one fsync, one apply for many
+    /// queues: a producer spreading over thousands of queues sends one message per queue at a
+    /// time). `messages` holds every part's messages, part after part; each part is applied as
+    /// the `Send` of its slice would be (its own producer window, its own refusal), and its run
+    /// records where in the entry its slice starts ([`crate::state::Run::position`]).
+    SendMany {
+        timestamp_ms: u64,
+        parts: Vec<SendPart>,
+        messages: Vec<B>,
+    },
+}
+
+/// One queue's batch in a [`CommandOf::SendMany`]: the next `count` messages of the entry. Field
+/// order is the order on disk: never reorder or change the fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendPart {
+    pub topic: String,
+    pub queue: u32,
+    pub producer_id: u64,
+    pub sequence: u64,
+    pub count: u32,
 }
 
 /// The state machine's answer to a command. The variant index is the tag: append only, never
@@ -353,6 +374,10 @@ pub enum Reply {
     },
     /// A `Deliver`, `Recall` or roll that named a message no longer waiting (or not yet due).
     NotScheduled(String),
+    /// A `SendMany` applied: per part, in order, what a `Send` of it would answer (`Sent`, or
+    /// its refusal) and the position in its entry of its first message, for message ids (a
+    /// producer-window repeat: the position in the entry that first stored it).
+    SentMany(Vec<(Reply, u32)>),
 }
 
 pub type Command = CommandOf<StoredBody>;
@@ -367,7 +392,8 @@ impl Command {
             | CommandOf::Schedule { messages, .. }
             | CommandOf::Deliver { messages, .. }
             | CommandOf::EndTxn { messages, .. }
-            | CommandOf::DeadLetter { messages, .. } => messages
+            | CommandOf::DeadLetter { messages, .. }
+            | CommandOf::SendMany { messages, .. } => messages
                 .iter()
                 .map(|m| {
                     m.body.len()
@@ -382,7 +408,12 @@ impl Command {
                 .sum::<usize>(),
             _ => 0,
         };
-        postcard::to_extend(self, Vec::with_capacity(size + 128)).expect("commands always encode")
+        let parts = match self {
+            CommandOf::SendMany { parts, .. } => parts.iter().map(|p| p.topic.len() + 32).sum(),
+            _ => 0,
+        };
+        postcard::to_extend(self, Vec::with_capacity(size + parts + 128))
+            .expect("commands always encode")
     }
     pub fn decode(b: &[u8]) -> Result<Command, postcard::Error> {
         postcard::from_bytes(b)
@@ -412,6 +443,11 @@ impl<'a> CommandView<'a> {
                 ..
             }
             | CommandOf::DeadLetter {
+                messages,
+                timestamp_ms,
+                ..
+            }
+            | CommandOf::SendMany {
                 messages,
                 timestamp_ms,
                 ..

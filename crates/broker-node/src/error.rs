@@ -325,6 +325,16 @@ fn group_phrase(broker: &Option<String>) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// Whether another node, or this one a moment later, may store what this node refused (not
+    /// the leader, cannot now, stopped): a `SendMany` then fails as a whole, so its producer
+    /// retries every part. A [`Refused`] request gets the same answer anywhere.
+    pub fn is_retriable(&self) -> bool {
+        matches!(
+            self,
+            Error::NotLeader { .. } | Error::Unavailable(_) | Error::Stopped { .. }
+        )
+    }
+
     /// Shorthand for [`Refused::InvalidArgument`].
     pub fn invalid(reason: impl Into<String>) -> Self {
         Refused::InvalidArgument {
@@ -362,7 +372,8 @@ impl Error {
             | Reply::Popped { .. }
             | Reply::Acked(_)
             | Reply::Changed { .. }
-            | Reply::SentBefore(_) => return None,
+            | Reply::SentBefore(_)
+            | Reply::SentMany(_) => return None,
         })
     }
 

@@ -9,10 +9,12 @@
 //! serves: above the retention point, contiguous, ending at the queue's next offset. A queue whose
 //! runs do not add up refuses the whole chain (the node then re-applies its log, as before images).
 //!
-//! ## Bytes, format version 1
+//! ## Bytes, format version 2
 //!
-//! The postcard encoding of [`Image`] (written bare; a later version begins with the envelope of
-//! `raftmq_raft_log::state_machine::format`).
+//! The envelope of `raftmq_raft_log::state_machine::format` (version 2) around the postcard
+//! encoding of [`Image`]. Version 1 (written bare) had runs without their position in the entry
+//! ([`Run::position`], from `SendMany`); it is not read: an image is a cache, so a node upgraded
+//! from version 1 re-applies its log once at start and writes version 2 from then on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -25,7 +27,7 @@ use crate::state::{BrokerState, Run};
 use crate::timer::{Timer, TimerImage};
 
 /// The format version of the broker's restart image bytes this build writes and reads.
-pub const RESTART_IMAGE_FORMAT_VERSION: u32 = 1;
+pub const RESTART_IMAGE_FORMAT_VERSION: u32 = 2;
 
 /// Field order is the order on disk: never reorder or change the fields.
 #[derive(Debug, Serialize, Deserialize)]
@@ -93,7 +95,8 @@ pub fn image(s: &BrokerState, since: u64) -> Vec<u8> {
         offset_times: s.offset_times.clone(),
         queues,
     };
-    postcard::to_stdvec(&image).expect("an image always encodes")
+    let body = postcard::to_stdvec(&image).expect("an image always encodes");
+    format::envelope(RESTART_IMAGE_FORMAT_VERSION, &body)
 }
 
 fn invalid(e: impl std::fmt::Display) -> io::Error {
@@ -104,11 +107,16 @@ fn invalid(e: impl std::fmt::Display) -> io::Error {
 pub fn load(images: &[Vec<u8>]) -> io::Result<BrokerState> {
     let mut decoded = Vec::with_capacity(images.len());
     for (i, bytes) in images.iter().enumerate() {
-        let (_v, body) = format::versioned(
-            || format!("restart image {} of {}", i + 1, images.len()),
-            bytes,
-            RESTART_IMAGE_FORMAT_VERSION,
-        )?;
+        let what = || format!("restart image {} of {}", i + 1, images.len());
+        let (v, body) = format::versioned(what, bytes, RESTART_IMAGE_FORMAT_VERSION)?;
+        // Version 1's runs had no position: its bytes do not decode as today's. An image is a
+        // cache, so an older one is not read: the start falls back to a full re-apply.
+        if v != RESTART_IMAGE_FORMAT_VERSION {
+            return Err(invalid(format!(
+                "{} is of format {v}, this build reads only {RESTART_IMAGE_FORMAT_VERSION}",
+                what()
+            )));
+        }
         decoded.push(postcard::from_bytes::<Image>(body).map_err(invalid)?);
     }
     let Some(last) = decoded.pop() else {
@@ -351,5 +359,12 @@ mod tests {
         let newer = format::envelope(RESTART_IMAGE_FORMAT_VERSION + 1, b"");
         let e = load(&[newer]).unwrap_err();
         assert!(e.to_string().contains("restart image 1 of 1"), "{e}");
+        // Version 1 was written bare: its runs have no position, so it is not read.
+        let e = load(&[b"\x00".to_vec()]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("restart image 1 of 1 is of format 1"),
+            "{e}"
+        );
     }
 }

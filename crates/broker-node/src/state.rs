@@ -9,7 +9,7 @@
 //! - A (producer id, sequence) seen in the producer's window is not stored again; the original
 //!   offsets are returned.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -137,6 +137,9 @@ pub struct Run {
     /// never go down along a queue (a new leader's clock may be behind): a lookup by time is a
     /// binary search.
     pub store_ms: u64,
+    /// Where in its entry's messages the run's first message is: 0, but for a part of a
+    /// `SendMany` after the first.
+    pub position: u32,
 }
 
 /// The bytes a message counts for in `topic status`: key, tag, body, property names and values.
@@ -330,6 +333,17 @@ impl QueueState {
         id_property: &str,
         messages: &[BodyView],
     ) -> u64 {
+        self.append_at((index, 0), timestamp_ms, id_property, messages)
+    }
+
+    /// [`Self::append`] of messages that start at `position` of entry `index`'s messages.
+    fn append_at(
+        &mut self,
+        (index, position): (u64, u32),
+        timestamp_ms: u64,
+        id_property: &str,
+        messages: &[BodyView],
+    ) -> u64 {
         let count = messages.len() as u32;
         let first = self.next_offset;
         let (tag_hash, each) = run_tags(messages);
@@ -364,6 +378,7 @@ impl QueueState {
             tag_hash,
             bytes: bytes.min(u32::MAX as u64) as u32,
             store_ms,
+            position,
         });
         self.next_offset += count as u64;
         first
@@ -420,6 +435,10 @@ pub struct BrokerState {
     /// FIFO state.
     #[serde(skip)]
     pub users: BTreeMap<String, raftmq_security::acl::User>,
+    /// The producers by (last index, id): which one was idle the longest, for the forgetting
+    /// `remember` does. Not in snapshots: rebuilt from `producers` at restore.
+    #[serde(skip)]
+    producers_idle: BTreeSet<(u64, u64)>,
 }
 
 /// The offset a producer window or the id record holds for a message that waits in the timer (it
@@ -481,6 +500,8 @@ impl From<BrokerStateV1> for BrokerState {
             offset_times: BTreeMap::new(),
             users: BTreeMap::new(),
             timer: Timer::default(),
+            // Rebuilt by `restore`.
+            producers_idle: BTreeSet::new(),
         }
     }
 }
@@ -591,6 +612,47 @@ impl BrokerState {
                     }
                 }
                 reply
+            }
+            CommandView::SendMany {
+                timestamp_ms,
+                parts,
+                messages,
+            } => {
+                self.stamp(timestamp_ms);
+                let total: u64 = parts.iter().map(|p| p.count as u64).sum();
+                if total != messages.len() as u64 {
+                    return Reply::Invalid(format!(
+                        "a send to {} queues counts {total} messages but carries {}",
+                        parts.len(),
+                        messages.len()
+                    ));
+                }
+                let mut at = 0usize;
+                let mut replies = Vec::with_capacity(parts.len());
+                for p in &parts {
+                    let slice = &messages[at..at + p.count as usize];
+                    let position = at as u32;
+                    at += p.count as usize;
+                    let reply = match self.producer_duplicate(p.producer_id, p.sequence) {
+                        Some(r) => {
+                            let first = self.first_position(&p.topic, &r);
+                            replies.push((r, first));
+                            continue;
+                        }
+                        None if slice.is_empty() => {
+                            Reply::Invalid("a part of a send carries no message".into())
+                        }
+                        None => self.store_at(
+                            (index, position),
+                            (&p.topic, p.queue),
+                            (p.producer_id, p.sequence),
+                            (timestamp_ms, P_MSGID),
+                            slice,
+                        ),
+                    };
+                    replies.push((reply, position));
+                }
+                Reply::SentMany(replies)
             }
             CommandView::Trim { upto_log_index } => {
                 // Never past an entry with a scheduled message still waiting: its body is there.
@@ -1078,6 +1140,22 @@ impl BrokerState {
         })
     }
 
+    /// Where in its entry the first message of a `Sent` reply (a producer-window repeat) is:
+    /// read off the run still indexed at its first offset, else 0.
+    fn first_position(&self, topic: &str, reply: &Reply) -> u32 {
+        let Reply::Sent {
+            queue,
+            first_offset,
+            ..
+        } = reply
+        else {
+            return 0;
+        };
+        self.queue(topic, *queue)
+            .and_then(|q| q.find(*first_offset))
+            .map_or(0, |r| r.position + (first_offset - r.first_offset) as u32)
+    }
+
     /// Raises the stamped clock ([`BrokerState::stamped_ms`]) to an entry's stamp.
     fn stamp(&mut self, ms: u64) {
         self.stamped_ms = self.stamped_ms.max(ms);
@@ -1093,6 +1171,24 @@ impl BrokerState {
         (timestamp_ms, id_property): (u64, &str),
         messages: &[BodyView],
     ) -> Reply {
+        self.store_at(
+            (index, 0),
+            (topic, queue),
+            (producer_id, sequence),
+            (timestamp_ms, id_property),
+            messages,
+        )
+    }
+
+    /// [`Self::store`] of messages that start at `position` of entry `index`'s messages.
+    fn store_at(
+        &mut self,
+        (index, position): (u64, u32),
+        (topic, queue): (&str, u32),
+        (producer_id, sequence): (u64, u64),
+        (timestamp_ms, id_property): (u64, &str),
+        messages: &[BodyView],
+    ) -> Reply {
         let Some(t) = self.topics.get_mut(topic) else {
             return Reply::TopicNotFound(topic.to_string());
         };
@@ -1100,7 +1196,7 @@ impl BrokerState {
             return Reply::Invalid(format!("topic {topic} has no queue {queue}"));
         };
         let count = messages.len() as u32;
-        let first = q.append(index, timestamp_ms, id_property, messages);
+        let first = q.append_at((index, position), timestamp_ms, id_property, messages);
         self.messages_total += count as u64;
         if producer_id != 0 {
             self.remember(producer_id, index, (sequence, queue, first, count, index));
@@ -1230,17 +1326,16 @@ impl BrokerState {
 
     fn remember(&mut self, producer_id: u64, index: u64, rec: (u64, u32, u64, u32, u64)) {
         if !self.producers.contains_key(&producer_id) && self.producers.len() >= PRODUCERS_MAX {
-            // Forget the producer idle the longest; deterministic since ties break by id.
-            if let Some(old) = self
-                .producers
-                .iter()
-                .min_by_key(|(id, w)| (w.last_index, **id))
-                .map(|(id, _)| *id)
-            {
+            // Forget the producer idle the longest; deterministic since ties break by id. (A
+            // producer spreading over thousands of queues has a window per lane: a scan of every
+            // window here, per new one, cost a leader more than the sends.)
+            if let Some((_, old)) = self.producers_idle.pop_first() {
                 self.producers.remove(&old);
             }
         }
         let w = self.producers.entry(producer_id).or_default();
+        self.producers_idle.remove(&(w.last_index, producer_id));
+        self.producers_idle.insert((index, producer_id));
         w.last_index = index;
         w.recent.push_back(rec);
         while w.recent.len() > PRODUCER_WINDOW {
@@ -1312,6 +1407,11 @@ impl raftmq_raft_log::StateMachine for BrokerState {
             s
         };
         s.topic_version += 1;
+        s.producers_idle = s
+            .producers
+            .iter()
+            .map(|(id, w)| (w.last_index, *id))
+            .collect();
         *self = s;
         Ok(())
     }
@@ -1418,6 +1518,7 @@ mod tests {
                 tag_hash: pop::tag_hash(""),
                 bytes: 2,
                 store_ms: 1,
+                position: 0,
             })
         );
         assert_eq!(
@@ -1429,6 +1530,7 @@ mod tests {
                 tag_hash: pop::tag_hash(""),
                 bytes: 3,
                 store_ms: 1,
+                position: 0,
             })
         );
         assert_eq!(q.find(5), None);
@@ -2192,5 +2294,200 @@ mod schedule_tests {
             None,
             "retention may pass every entry"
         );
+    }
+}
+
+#[cfg(test)]
+mod send_many_tests {
+    use super::*;
+    use crate::command::{Command, SendPart, StoredBody};
+    use raftmq_raft_log::StateMachine;
+
+    fn apply(st: &mut BrokerState, index: u64, cmd: &Command) -> Reply {
+        Reply::decode(&st.apply(index, 1, &cmd.encode())).unwrap()
+    }
+
+    fn body(b: &str, tag: &str) -> StoredBody {
+        StoredBody {
+            key: String::new(),
+            tag: tag.into(),
+            body: b.as_bytes().to_vec().into(),
+            properties: vec![(P_MSGID.into(), format!("id-{b}"))],
+        }
+    }
+
+    fn part(topic: &str, queue: u32, producer_id: u64, sequence: u64, count: u32) -> SendPart {
+        SendPart {
+            topic: topic.into(),
+            queue,
+            producer_id,
+            sequence,
+            count,
+        }
+    }
+
+    /// Two topics of two queues; a `SendMany` at index 3 of: a, b → t/1; c → u/0; d → "gone"
+    /// (no such topic); e, f → t/1 again (a second run of the same queue in one entry).
+    fn state() -> (BrokerState, Command) {
+        let mut st = BrokerState::default();
+        for (i, t) in ["t", "u"].into_iter().enumerate() {
+            let create = Command::ConfigureTopic {
+                name: t.into(),
+                queues: 2,
+                update: false,
+                message_type: 0,
+            };
+            assert_eq!(apply(&mut st, 1 + i as u64, &create), Reply::Ok);
+        }
+        let many = Command::SendMany {
+            timestamp_ms: 50,
+            parts: vec![
+                part("t", 1, 7, 1, 2),
+                part("u", 0, 8, 1, 1),
+                part("gone", 0, 9, 1, 1),
+                part("t", 1, 10, 1, 2),
+            ],
+            messages: vec![
+                body("a", "x"),
+                body("b", "y"),
+                body("c", "x"),
+                body("d", "x"),
+                body("e", "x"),
+                body("f", "x"),
+            ],
+        };
+        (st, many)
+    }
+
+    fn sent(queue: u32, first_offset: u64, count: u32, log_index: u64, dup: bool) -> Reply {
+        Reply::Sent {
+            queue,
+            first_offset,
+            count,
+            log_index,
+            duplicate: dup,
+        }
+    }
+
+    /// 1. Each part is stored as its own `Send` would be, one refused part refusing only itself;
+    ///    each run knows where in the entry its messages start, so reads and ids find them.
+    #[test]
+    fn t1_each_part_is_a_run_at_its_position_in_the_entry() {
+        let (mut st, many) = state();
+        let reply = apply(&mut st, 3, &many);
+        assert_eq!(
+            reply,
+            Reply::SentMany(vec![
+                (sent(1, 0, 2, 3, false), 0),
+                (sent(0, 0, 1, 3, false), 2),
+                (Reply::TopicNotFound("gone".into()), 3),
+                (sent(1, 2, 2, 3, false), 4),
+            ])
+        );
+        assert_eq!(st.messages_total, 5);
+        let t1 = st.queue("t", 1).unwrap();
+        assert_eq!(
+            t1.runs
+                .iter()
+                .map(|r| (r.log_index, r.position, r.count))
+                .collect::<Vec<_>>(),
+            vec![(3, 0, 2), (3, 4, 2)]
+        );
+        // The first run has two tags, the second one.
+        assert_eq!(t1.runs[0].tag_hash, TAGS_MIXED);
+        assert_eq!(t1.runs[1].tag_hash, pop::tag_hash("x"));
+        assert_eq!(t1.ids.candidates("id-e", 0), vec![2]);
+        assert_eq!(st.queue("u", 0).unwrap().runs[0].position, 2);
+
+        // What a pull of t/1 from offset 1 serves: b (position 1), e, f (positions 4, 5).
+        let data = Bytes::from(many.encode());
+        let mut out = Vec::new();
+        for r in &t1.runs {
+            let from = 1u64.max(r.first_offset);
+            crate::service::reads::run_messages("B", 1, r, &data, from, 10, &mut out).unwrap();
+        }
+        let got: Vec<(u64, &[u8], &str)> = out
+            .iter()
+            .map(|m| (m.offset, &m.body[..], m.msg_id.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, &b"b"[..], "B-0000000000000003-0001"),
+                (2, &b"e"[..], "B-0000000000000003-0004"),
+                (3, &b"f"[..], "B-0000000000000003-0005"),
+            ]
+        );
+    }
+
+    /// 2. A retried `SendMany` stores nothing twice: each part already stored is answered from
+    ///    its producer window with the position its messages have in the first entry, and a part
+    ///    refused the first time is tried again.
+    #[test]
+    fn t2_a_repeat_is_answered_part_by_part_from_the_producer_windows() {
+        let (mut st, many) = state();
+        apply(&mut st, 3, &many);
+        let again = apply(&mut st, 4, &many);
+        assert_eq!(
+            again,
+            Reply::SentMany(vec![
+                (sent(1, 0, 2, 3, true), 0),
+                (sent(0, 0, 1, 3, true), 2),
+                (Reply::TopicNotFound("gone".into()), 3),
+                (sent(1, 2, 2, 3, true), 4),
+            ])
+        );
+        assert_eq!(st.messages_total, 5);
+        assert_eq!(st.queue("t", 1).unwrap().next_offset, 4);
+    }
+
+    /// 4. Past `PRODUCERS_MAX` windows the one idle the longest is forgotten (the lowest id among
+    ///    equals), the same after a snapshot is restored.
+    #[test]
+    fn t4_the_producer_idle_the_longest_is_forgotten_first() {
+        let (mut st, _) = state();
+        let send = |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| {
+            let many = Command::SendMany {
+                timestamp_ms: 1,
+                parts: vec![part("t", 0, producer_id, sequence, 1)],
+                messages: vec![body("a", "")],
+            };
+            apply(st, index, &many)
+        };
+        for p in 1..=PRODUCERS_MAX as u64 {
+            send(&mut st, 10 + p, p, 1);
+        }
+        // Producer 1 sends again: producer 2 is now the one idle the longest.
+        send(&mut st, 20_000, 1, 2);
+        let mut restored = BrokerState::default();
+        restored.restore(&st.snapshot()).unwrap();
+        for st in [&mut st, &mut restored] {
+            send(st, 20_001, 1_000_000, 1);
+            assert_eq!(st.producers.len(), PRODUCERS_MAX);
+            assert!(st.producers.contains_key(&1));
+            assert!(!st.producers.contains_key(&2));
+            assert!(st.producers.contains_key(&3));
+            // Producer 1's window still answers its first batch as a repeat.
+            let again = send(st, 20_002, 1, 1);
+            assert!(
+                matches!(&again, Reply::SentMany(r) if matches!(r[0].0, Reply::Sent { duplicate: true, .. })),
+                "{again:?}"
+            );
+        }
+    }
+
+    /// 3. Parts that do not add up to the entry's messages store nothing.
+    #[test]
+    fn t3_parts_that_miscount_the_messages_store_nothing() {
+        let (mut st, mut many) = state();
+        if let Command::SendMany { parts, .. } = &mut many {
+            parts[0].count = 3;
+        }
+        let reply = apply(&mut st, 3, &many);
+        assert!(
+            matches!(&reply, Reply::Invalid(r) if r == "a send to 4 queues counts 7 messages but carries 6"),
+            "{reply:?}"
+        );
+        assert_eq!(st.messages_total, 0);
     }
 }

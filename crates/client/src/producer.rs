@@ -36,7 +36,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftmq_proto::limits::SendLimits;
+use raftmq_proto::limits::{SEND_PART_OVERHEAD_BYTES, SendLimits};
 use raftmq_proto::v1;
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use tokio::sync::{mpsc, oneshot};
@@ -427,10 +427,13 @@ struct OpenBatch {
     first_at: Instant,
 }
 
+/// A call finished: its broker group and the lanes of its parts.
+type Done = (String, Vec<Lane>);
+
 struct Batcher {
     rx: mpsc::Receiver<Pending>,
-    done_tx: mpsc::UnboundedSender<Lane>,
-    done_rx: mpsc::UnboundedReceiver<Lane>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
     router: Arc<Router>,
     config: ProducerConfig,
     /// Per lane: the producer id and the next sequence.
@@ -525,11 +528,13 @@ impl Batcher {
             .push(p);
     }
 
-    fn finish(&mut self, done: Lane) {
-        if let Some(n) = self.broker_inflight.get_mut(&done.1.broker) {
+    fn finish(&mut self, (broker, lanes): Done) {
+        if let Some(n) = self.broker_inflight.get_mut(&broker) {
             *n = n.saturating_sub(1);
         }
-        self.busy.remove(&done);
+        for lane in &lanes {
+            self.busy.remove(lane);
+        }
         self.inflight = self.inflight.saturating_sub(1);
     }
 
@@ -566,6 +571,10 @@ impl Batcher {
             || b.first_at.elapsed() >= self.config.linger
     }
 
+    /// Sends the open batches that are ready, as far as the windows allow. Batches to one broker
+    /// group in the same round ride one call (`SendMany`, one log entry) while it has room
+    /// within the group's batch limits: a producer spreading over thousands of queues has one
+    /// message per queue at a time, and one entry per message would cost a leader far more.
     fn dispatch_ready(&mut self, closing: bool) {
         let mut keys: Vec<(Instant, BatchKey)> = self
             .open
@@ -574,34 +583,73 @@ impl Batcher {
             .map(|(k, b)| (b.first_at, k.clone()))
             .collect();
         keys.sort_by_key(|(t, _)| *t);
+        // The calls this round opens; per broker group, the one still taking parts.
+        let mut calls: Vec<Call> = Vec::new();
+        let mut taking: HashMap<String, usize> = HashMap::new();
         for (_, key) in keys {
-            if self.inflight >= self.config.inflight_batches_max {
-                return;
-            }
             self.fail_expired(&key);
+            let Some(first_bytes) = self
+                .open
+                .get(&key)
+                .and_then(|b| b.msgs.first())
+                .map(|p| p.bytes)
+            else {
+                continue;
+            };
+            let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
+            // Groups whose open call takes this batch's first message.
+            let joinable: HashSet<String> = taking
+                .iter()
+                .filter(|(_, i)| calls[**i].fits(1, part_bytes + first_bytes))
+                .map(|(b, _)| b.clone())
+                .collect();
+            let may_open = self.inflight < self.config.inflight_batches_max;
             let lane = match &key.1 {
                 Some(q) => {
                     let lane = (key.0.clone(), q.clone(), KEYED_LANE);
-                    if self.busy.contains(&lane) || !self.broker_has_room(&q.broker) {
+                    let can = joinable.contains(&q.broker)
+                        || (may_open && self.broker_has_room(&q.broker));
+                    if self.busy.contains(&lane) || !can {
                         continue;
                     }
                     lane
                 }
-                None => match self.pick_any(&key.0) {
+                None => match self.pick_any(&key.0, &joinable, may_open) {
                     Some(lane) => lane,
                     None => continue,
                 },
             };
-            let Some(batch) = self.take_batch(&key, &lane.1.broker) else {
+            let broker = lane.1.broker.clone();
+            let (messages_max, bytes_max) = self.batch_limits(&key.0, Some(&broker));
+            let join = taking
+                .get(&broker)
+                .copied()
+                .filter(|_| joinable.contains(&broker));
+            let (messages_left, bytes_left) = match join {
+                Some(i) => calls[i].left(),
+                None => (messages_max, bytes_max),
+            };
+            let Some(batch) =
+                self.take_batch(&key, messages_left, bytes_left.saturating_sub(part_bytes))
+            else {
                 continue;
             };
+            let i = match join {
+                Some(i) => i,
+                None => {
+                    self.inflight += 1;
+                    *self.broker_inflight.entry(broker.clone()).or_default() += 1;
+                    calls.push(Call {
+                        broker: broker.clone(),
+                        parts: Vec::new(),
+                        messages_left: messages_max,
+                        bytes_left: bytes_max,
+                    });
+                    taking.insert(broker.clone(), calls.len() - 1);
+                    calls.len() - 1
+                }
+            };
             self.busy.insert(lane.clone());
-            self.inflight += 1;
-            *self
-                .broker_inflight
-                .entry(lane.1.broker.clone())
-                .or_default() += 1;
-            let queue = lane.1.clone();
             let ids = self
                 .idempotence
                 .entry(lane.clone())
@@ -609,18 +657,30 @@ impl Batcher {
                 .or_insert_with(|| (rand::random::<u64>() | 1, 1));
             let (producer_id, sequence) = (ids.0, ids.1);
             ids.1 += 1;
-            let job = SendJob {
+            let call = &mut calls[i];
+            call.messages_left -= batch.len();
+            call.bytes_left = call
+                .bytes_left
+                .saturating_sub(part_bytes + batch.iter().map(|p| p.bytes).sum::<usize>());
+            call.parts.push(SendJob {
                 router: self.router.clone(),
                 topic: key.0.clone(),
-                queue,
+                queue: lane.1.clone(),
+                lane,
                 producer_id,
                 sequence,
                 msgs: batch,
-            };
+            });
+        }
+        for call in calls {
             let done_tx = self.done_tx.clone();
             tokio::spawn(async move {
-                job.run().await;
-                let _ = done_tx.send(lane);
+                let done = (
+                    call.broker.clone(),
+                    call.parts.iter().map(|p| p.lane.clone()).collect(),
+                );
+                call.run().await;
+                let _ = done_tx.send(done);
             });
         }
     }
@@ -650,25 +710,45 @@ impl Batcher {
 
     /// A lane for an unkeyed batch: round robin over the topic's queues, then over each queue's
     /// unkeyed lanes, skipping busy lanes and broker groups with a full window.
-    fn pick_any(&mut self, topic: &str) -> Option<Lane> {
+    /// A call of this round to its group still taking parts (`joinable`) counts as room, and a
+    /// group with room in its window only while another call may open (`may_open`).
+    fn pick_any(
+        &mut self,
+        topic: &str,
+        joinable: &HashSet<String>,
+        may_open: bool,
+    ) -> Option<Lane> {
         let (_, queues) = self.routes.get(topic)?;
         let n = queues.len();
         let lanes = self.config.unkeyed_lanes_per_queue.max(1);
         let busy = &self.busy;
         let broker_inflight = &self.broker_inflight;
         let broker_max = self.config.broker_inflight_batches_max;
-        let lane_of = |i: usize| (topic.to_string(), queues[i % n].clone(), 1 + i / n);
+        let lane_of = |q: usize, l: usize| (topic.to_string(), queues[q].clone(), l);
+        // Round robin over the queues; in a queue, its first free lane. Lanes past the first are
+        // used only while the ones before are busy, so a producer spreading over thousands of
+        // queues keeps one producer window per queue on the broker, not one per lane (a broker
+        // remembers a bounded number of them).
+        let free_lane = |q: usize| (1..=lanes).find(|&l| !busy.contains(&lane_of(q, l)));
         let sel = self.selectors.entry(topic.to_string()).or_default();
-        let idx = sel.next_round_robin(n * lanes, |i| {
-            has_room(broker_inflight, broker_max, &queues[i % n].broker)
-                && !busy.contains(&lane_of(i))
+        let q = sel.next_round_robin(n, |q| {
+            let broker = &queues[q].broker;
+            (joinable.contains(broker)
+                || (may_open && has_room(broker_inflight, broker_max, broker)))
+                && free_lane(q).is_some()
         })?;
-        Some(lane_of(idx))
+        let lane = free_lane(q)?;
+        Some(lane_of(q, lane))
     }
 
-    /// Takes the first messages of an open batch, up to the batch limits of `broker`.
-    fn take_batch(&mut self, key: &BatchKey, broker: &str) -> Option<Vec<Pending>> {
-        let (messages_max, bytes_max) = self.batch_limits(&key.0, Some(broker));
+    /// Takes the first messages of an open batch, up to `messages_max` and `bytes_max` (the
+    /// first message always: it fits in a batch of its own).
+    fn take_batch(
+        &mut self,
+        key: &BatchKey,
+        messages_max: usize,
+        bytes_max: usize,
+    ) -> Option<Vec<Pending>> {
         let b = self.open.get_mut(key)?;
         let mut n = 0;
         let mut bytes = 0;
@@ -699,25 +779,117 @@ async fn sleep_until_opt(t: Option<Instant>) {
     }
 }
 
+/// One call to a broker group on its way: the batches of one or more lanes.
+struct Call {
+    broker: String,
+    parts: Vec<SendJob>,
+    messages_left: usize,
+    bytes_left: usize,
+}
+
+impl Call {
+    /// Whether `messages` more messages of `bytes` (with their part's overhead) fit.
+    fn fits(&self, messages: usize, bytes: usize) -> bool {
+        messages <= self.messages_left && bytes <= self.bytes_left
+    }
+
+    fn left(&self) -> (usize, usize) {
+        (self.messages_left, self.bytes_left)
+    }
+
+    /// One batch goes as a `Send`; several as one `SendMany`, or each as a `Send` when the
+    /// group's leader does not know `SendMany` (an older build during a rolling upgrade).
+    async fn run(self) {
+        let mut parts = self.parts;
+        if parts.len() == 1 {
+            let job = parts.pop().expect("one part");
+            return job.run().await;
+        }
+        let deadline = parts
+            .iter()
+            .flat_map(|p| p.msgs.iter().map(|m| m.deadline))
+            .max()
+            .unwrap_or_else(Instant::now);
+        let router = parts[0].router.clone();
+        let req = v1::SendManyRequest {
+            parts: parts.iter_mut().map(SendJob::request).collect(),
+        };
+        let result = router
+            .call_leader(&self.broker, "SendMany", deadline, |ch, t| {
+                let req = req.clone();
+                async move {
+                    BrokerServiceClient::new(ch)
+                        .max_encoding_message_size(MESSAGE_BYTES_MAX)
+                        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                        .send_many(request(req, t))
+                        .await
+                }
+            })
+            .await;
+        match result {
+            Ok((resp, address)) if resp.parts.len() == parts.len() => {
+                for (job, r) in parts.into_iter().zip(resp.parts) {
+                    let r = match r.error {
+                        Some(e) if e.code() != v1::ErrorCode::Ok => Err(Error::Server {
+                            address: address.clone(),
+                            rpc: "Send",
+                            code: e.code(),
+                            message: e.message,
+                            leader: e.leader,
+                        }),
+                        _ => Ok((r, address.clone())),
+                    };
+                    job.answer(r);
+                }
+            }
+            Ok((resp, address)) => {
+                let e = Error::Server {
+                    address: address.clone(),
+                    rpc: "SendMany",
+                    code: v1::ErrorCode::Internal,
+                    message: format!(
+                        "{address} answered a call of {} batches with {} answers",
+                        parts.len(),
+                        resp.parts.len()
+                    ),
+                    leader: None,
+                };
+                for job in parts {
+                    job.answer(Err(e.duplicate()));
+                }
+            }
+            Err(Error::Rpc { status, .. }) if status.code() == tonic::Code::Unimplemented => {
+                for (job, r) in parts.iter_mut().zip(req.parts) {
+                    for (p, m) in job.msgs.iter_mut().zip(r.messages) {
+                        p.message = m;
+                    }
+                }
+                futures::future::join_all(parts.into_iter().map(SendJob::run)).await;
+            }
+            Err(e) => {
+                for job in parts {
+                    job.answer(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+}
+
 /// One batch on its way: sent, retried, and its messages answered.
 struct SendJob {
     router: Arc<Router>,
     topic: String,
     queue: QueueId,
+    lane: Lane,
     producer_id: u64,
     sequence: u64,
     msgs: Vec<Pending>,
 }
 
 impl SendJob {
-    async fn run(mut self) {
-        let deadline = self
-            .msgs
-            .iter()
-            .map(|p| p.deadline)
-            .max()
-            .unwrap_or_else(Instant::now);
-        let req = v1::SendRequest {
+    /// The batch's request; its messages move into it.
+    fn request(&mut self) -> v1::SendRequest {
+        v1::SendRequest {
             topic: self.topic.clone(),
             queue: self.queue.queue,
             messages: self
@@ -729,7 +901,17 @@ impl SendJob {
             sequence: self.sequence,
             // The producer window already stores a retried batch once.
             dedup_property: String::new(),
-        };
+        }
+    }
+
+    async fn run(mut self) {
+        let deadline = self
+            .msgs
+            .iter()
+            .map(|p| p.deadline)
+            .max()
+            .unwrap_or_else(Instant::now);
+        let req = self.request();
         let result = self
             .router
             .call_leader(&self.queue.broker, "Send", deadline, |ch, t| {
@@ -743,6 +925,11 @@ impl SendJob {
                 }
             })
             .await;
+        self.answer(result);
+    }
+
+    /// Answers each message of the batch from the call's result.
+    fn answer(self, result: Result<(v1::SendResponse, String)>) {
         match result {
             Ok((resp, _)) if resp.results.len() == self.msgs.len() => {
                 for (p, r) in self.msgs.into_iter().zip(resp.results) {
@@ -882,11 +1069,39 @@ mod tests {
             .find(|l| l.1.broker == "broker-b")
             .cloned()
             .unwrap();
-        b.finish(lane);
+        b.finish(("broker-b".into(), vec![lane]));
         dispatch_until_stable(&mut b);
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
         assert_eq!(b.broker_inflight.get("broker-b"), Some(&2));
         assert_eq!(b.inflight, 4);
+    }
+
+    /// Messages spread over many topics (one message per queue at a time) ride a few calls: the
+    /// batches ready in one round share their group's call, up to the group's batch limits.
+    #[tokio::test]
+    async fn batches_to_one_group_share_a_call_within_its_limits() {
+        let config = ProducerConfig {
+            batch_messages_max: 100,
+            ..ProducerConfig::default()
+        };
+        let (mut b, _tx) = batcher(config);
+        let mut replies = Vec::new();
+        for t in 0..300 {
+            let mut r = (*route(&["broker-a"], 8)).clone();
+            r.topic = format!("topic-{t}");
+            let r = Arc::new(r);
+            let (mut p, rx) = pending(&r, None);
+            p.topic = r.topic.clone();
+            b.add(p);
+            replies.push(rx);
+        }
+        dispatch_until_stable(&mut b);
+        // Two calls (the group's window) of 100 messages each (its batch limit), one per topic.
+        assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
+        assert_eq!(b.inflight, 2);
+        assert_eq!(b.busy.len(), 200);
+        let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
+        assert_eq!(waiting, 100);
     }
 
     #[tokio::test]

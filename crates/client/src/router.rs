@@ -94,6 +94,7 @@ impl_reply!(
     v1::EndTransactionResponse,
     v1::ListTransactionsResponse,
     v1::SendResponse,
+    v1::SendManyResponse,
     v1::PullResponse,
     v1::CommitOffsetResponse,
     v1::FetchOffsetResponse,

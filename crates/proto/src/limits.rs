@@ -42,6 +42,10 @@ pub const LOG_PAYLOAD_BYTES_MAX: usize = 64 << 20;
 /// [`BATCH_BYTES_MAX`] counts: field tags and length prefixes of the message, its key, tag and
 /// body (properties are framed within their own allowance, [`PROPERTIES_BYTES_MAX`]).
 pub const MESSAGE_FRAMING_BYTES_MAX: usize = 64;
+/// What each part of a `SendMany` counts against [`BATCH_BYTES_MAX`] beyond its messages and its
+/// topic's name: the part's own framing (its length prefix, queue, producer id and sequence),
+/// so a call of many one-message parts still fits in one gRPC message.
+pub const SEND_PART_OVERHEAD_BYTES: usize = 40;
 /// Room the client leaves in a batch for the request's own fields (topic, producer id, ...) and
 /// the framing of properties: it closes a batch at `batch_bytes_max` minus this.
 pub const BATCH_HEADROOM_BYTES: usize = 64 << 10;
@@ -55,6 +59,9 @@ const _: () = assert!(BODY_BYTES_MAX <= BATCH_BYTES_MAX);
 const _: () = assert!(BATCH_HEADROOM_BYTES < BATCH_BYTES_MAX / 2);
 const _: () = assert!(PROPERTIES_BYTES_MAX < BATCH_HEADROOM_BYTES);
 const _: () = assert!(BATCH_MESSAGES_MAX >= 1);
+// A part's framing: tag and length (2 + 5), queue (1 + 5), producer id and sequence (2 x 11),
+// the topic's tag and length (1 + 2).
+const _: () = assert!(SEND_PART_OVERHEAD_BYTES >= 7 + 6 + 22 + 3);
 // The configurable ceiling holds the default.
 const _: () = assert!(BODY_BYTES_MAX <= BODY_BYTES_CONFIG_MAX);
 // A full batch at the default limits fits in one gRPC message...

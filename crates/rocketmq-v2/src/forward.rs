@@ -369,8 +369,8 @@ mod tests {
         ListTopicsRequest, ListTopicsResponse, ListTransactionsRequest, ListTransactionsResponse,
         NodeRef, NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
         PopResponse, PullRequest, PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest,
-        ResetOffsetResponse, SendRequest, SendResponse, SendResult, TakeTransactionChecksRequest,
-        TakeTransactionChecksResponse,
+        ResetOffsetResponse, SendManyRequest, SendManyResponse, SendRequest, SendResponse,
+        SendResult, TakeTransactionChecksRequest, TakeTransactionChecksResponse,
     };
 
     use super::*;
@@ -454,6 +454,7 @@ mod tests {
         end_transaction(EndTransactionRequest) -> EndTransactionResponse;
         list_transactions(ListTransactionsRequest) -> ListTransactionsResponse;
         take_transaction_checks(TakeTransactionChecksRequest) -> TakeTransactionChecksResponse;
+        send_many(SendManyRequest) -> SendManyResponse;
     }
 
     fn forwarder(not_leader: u32, leader: Option<&str>) -> Forwarder<Fake> {

@@ -273,7 +273,39 @@ fn commands() -> Vec<(Command, &'static str)> {
             },
             "1505616c696365010200010300076f72646572732d00",
         ),
+        (
+            send_many(),
+            "1680d095ffbc3102066f72646572730307ac02010561756469740000000102026b310474616741\
+             0568656c6c6f0201700176057472616365027831000004000102ff00",
+        ),
     ]
+}
+
+/// A `SendMany` of two parts: the golden send's two messages, one in each of two topics.
+fn send_many() -> Command {
+    let Command::Send { messages, .. } = send() else {
+        panic!("send() is a Send");
+    };
+    Command::SendMany {
+        timestamp_ms: 1_700_000_000_000,
+        parts: vec![
+            SendPart {
+                topic: "orders".into(),
+                queue: 3,
+                producer_id: 7,
+                sequence: 300,
+                count: 1,
+            },
+            SendPart {
+                topic: "audit".into(),
+                queue: 0,
+                producer_id: 0,
+                sequence: 0,
+                count: 1,
+            },
+        ],
+        messages,
+    }
 }
 
 /// A rule of every part: an effect, two actions, a prefix pattern.
@@ -339,6 +371,22 @@ fn replies() -> Vec<(Reply, &'static str)> {
             "0c01025800",
         ),
         (Reply::NotScheduled("gone".into()), "0d04676f6e65"),
+        (
+            Reply::SentMany(vec![
+                (
+                    Reply::Sent {
+                        queue: 3,
+                        first_offset: 10,
+                        count: 1,
+                        log_index: 77,
+                        duplicate: false,
+                    },
+                    0,
+                ),
+                (Reply::TopicNotFound("audit".into()), 1),
+            ]),
+            "0e0201030a014d00000205617564697401",
+        ),
     ]
 }
 
@@ -665,8 +713,8 @@ fn a_command_with_an_unknown_tag_stops_apply() {
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
     assert_eq!(
         e.to_string(),
-        "log entry 9 holds a command with tag 22, which this broker-node does not know (command \
-         format version 1 has tags 0..22): it was written by a newer version; upgrade the binary"
+        "log entry 9 holds a command with tag 23, which this broker-node does not know (command \
+         format version 1 has tags 0..23): it was written by a newer version; upgrade the binary"
     );
     assert_eq!(st.snapshot(), before, "nothing applied");
     // A known command still applies.

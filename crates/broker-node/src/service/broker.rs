@@ -15,8 +15,8 @@ use raftmq_proto::v1::{
     ListTopicsRequest, ListTopicsResponse, ListTransactionsRequest, ListTransactionsResponse,
     NodeRef, NodeStatusRequest, NodeStatusResponse, PopAckRequest, PopAckResponse, PopRequest,
     PopResponse, PullRequest, PullResponse, RecallRequest, RecallResponse, ResetOffsetRequest,
-    ResetOffsetResponse, SendRequest, SendResponse, TakeTransactionChecksRequest,
-    TakeTransactionChecksResponse, TopicConfig,
+    ResetOffsetResponse, SendManyRequest, SendManyResponse, SendRequest, SendResponse,
+    TakeTransactionChecksRequest, TakeTransactionChecksResponse, TopicConfig,
 };
 use raftmq_security::acl::Action::{Create, Update};
 use raftmq_security::acl::Resource;
@@ -43,6 +43,42 @@ impl BrokerService for Broker {
             .send_batch(req.into_inner(), caller_timeout)
             .await
             .unwrap_or_else(|err| SendResponse {
+                error: Some(err.into()),
+                ..Default::default()
+            });
+        Ok(Response::new(reply))
+    }
+
+    async fn send_many(
+        &self,
+        req: Request<SendManyRequest>,
+    ) -> Result<Response<SendManyResponse>, Status> {
+        // Pub on every topic the call names: one topic the caller may not publish to refuses the
+        // whole call, and nothing of it is stored.
+        let topics: std::collections::BTreeSet<&str> = req
+            .get_ref()
+            .parts
+            .iter()
+            .map(|p| p.topic.as_str())
+            .collect();
+        let resources: Vec<Resource> = topics.into_iter().map(Resource::topic).collect();
+        if let Err(refused) = crate::auth::authorize_ext(
+            &self.node.cfg,
+            req.extensions(),
+            raftmq_security::acl::Action::Pub,
+            &resources,
+        ) {
+            return Ok(Response::new(SendManyResponse {
+                error: Some(Error::from(refused).into()),
+                ..Default::default()
+            }));
+        }
+        drop(resources);
+        let caller_timeout = grpc_timeout(req.metadata());
+        let reply = self
+            .send_many(req.into_inner(), caller_timeout)
+            .await
+            .unwrap_or_else(|err| SendManyResponse {
                 error: Some(err.into()),
                 ..Default::default()
             });

@@ -288,12 +288,16 @@ impl Broker {
     fn own_id(&self, st: &BrokerState, topic: &str, id: &str) -> Option<(u32, u64)> {
         let (index, position) = parse_msg_id(&self.node.cfg.broker, id)?;
         let t = st.topics.get(topic)?;
+        // An entry of several queues (`SendMany`) holds a run of each: the one whose positions
+        // take in `position`.
         t.queues.iter().enumerate().find_map(|(i, q)| {
             let at = q.runs.partition_point(|r| r.log_index < index);
             q.runs
                 .get(at)
-                .filter(|r| r.log_index == index && position < r.count)
-                .map(|r| (i as u32, r.first_offset + position as u64))
+                .filter(|r| {
+                    r.log_index == index && (r.position..r.position + r.count).contains(&position)
+                })
+                .map(|r| (i as u32, r.first_offset + (position - r.position) as u64))
         })
     }
 }

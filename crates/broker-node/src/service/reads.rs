@@ -29,15 +29,21 @@ pub fn run_messages(
     let Some((messages, timestamp_ms)) = view.as_ref().ok().and_then(|v| v.stored()) else {
         return Err(Error::from(Internal::NotASend { index: r.log_index }));
     };
+    // The run's messages are `count` of the entry's from `position` (a `SendMany` holds several
+    // queues' runs).
+    let start = r.position as usize;
+    let Some(run) = messages.get(start..start + r.count as usize) else {
+        return Err(Error::from(Internal::NotASend { index: r.log_index }));
+    };
     let skip = from.saturating_sub(r.first_offset) as usize;
-    for (i, m) in messages.iter().enumerate().skip(skip) {
+    for (i, m) in run.iter().enumerate().skip(skip) {
         if msgs.len() as u32 >= max {
             break;
         }
         msgs.push(StoredMessage {
             queue,
             offset: r.first_offset + i as u64,
-            msg_id: msg_id(broker, r.log_index, i as u32),
+            msg_id: msg_id(broker, r.log_index, r.position + i as u32),
             key: m.key.to_string(),
             tag: m.tag.to_string(),
             body: data.slice_ref(m.body),

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use raftmq_proto::v1::{SendRequest, SendResponse, SendResult};
+use raftmq_proto::v1::{SendManyRequest, SendManyResponse, SendRequest, SendResponse, SendResult};
 use raftmq_raft_log::Role;
 
 use super::Broker;
-use crate::command::{Command, Reply, StoredBody, msg_id};
+use crate::command::{Command, Reply, SendPart, StoredBody, msg_id};
 use crate::config::Limits;
 use crate::error::{Error, Internal, Refused, Result, Unavailable};
 use crate::metrics;
@@ -67,33 +67,12 @@ impl Broker {
         self.await_leader(caller_timeout).await?;
         self.check_topic(&req.topic, req.queue)?;
         validate_send(&req, &self.node.cfg.limits)?;
-        if self
-            .node
-            .disk_full
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Err(Unavailable::DiskFull {
-                watermark_pct: self.node.cfg.retention.full_watermark_pct,
-            }
-            .into());
-        }
-        // CheckQuorum: a leader cut off from a majority of its group cannot commit anything.
-        // Refuse before proposing (so nothing is stored), and the producer turns to the other
-        // nodes at once.
-        let mut cut_off = self.node.member.cut_off();
-        if *cut_off.borrow_and_update() {
-            return Err(Unavailable::CutOff.into());
-        }
-        let Ok(_permit) = self.node.inflight.clone().try_acquire_owned() else {
-            return Err(Unavailable::Busy.into());
-        };
-        // The term this node leads as it proposes: the send's fate is no longer this node's to
-        // tell once that leadership ends (stepped down, or a new term began).
-        let mut leadership = self.node.member.leadership();
-        let led_term = {
-            let (role, term) = *leadership.borrow_and_update();
-            (role == Role::Leader).then_some(term)
-        };
+        let (_permit, awaiting) = self.room_to_propose()?;
+        let Awaiting {
+            led_term,
+            leadership,
+            cut_off,
+        } = awaiting;
         let count = req.messages.len() as u64;
         let timestamp_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -248,6 +227,189 @@ impl Broker {
         })
     }
 
+    /// Whether this leader can take a send now: its disk is not full, it is not cut off from its
+    /// group, and a slot of `limits.inflight` is free (held by the returned permit while the
+    /// send waits). Also returns what the proposed send watches while it waits.
+    fn room_to_propose(&self) -> Result<(tokio::sync::OwnedSemaphorePermit, Awaiting)> {
+        if self
+            .node
+            .disk_full
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(Unavailable::DiskFull {
+                watermark_pct: self.node.cfg.retention.full_watermark_pct,
+            }
+            .into());
+        }
+        // CheckQuorum: a leader cut off from a majority of its group cannot commit anything.
+        // Refuse before proposing (so nothing is stored), and the producer turns to the other
+        // nodes at once.
+        let mut cut_off = self.node.member.cut_off();
+        if *cut_off.borrow_and_update() {
+            return Err(Unavailable::CutOff.into());
+        }
+        let Ok(permit) = self.node.inflight.clone().try_acquire_owned() else {
+            return Err(Unavailable::Busy.into());
+        };
+        // The term this node leads as it proposes: the send's fate is no longer this node's to
+        // tell once that leadership ends (stepped down, or a new term began).
+        let mut leadership = self.node.member.leadership();
+        let led_term = {
+            let (role, term) = *leadership.borrow_and_update();
+            (role == Role::Leader).then_some(term)
+        };
+        Ok((
+            permit,
+            Awaiting {
+                led_term,
+                leadership,
+                cut_off,
+            },
+        ))
+    }
+
+    /// Stores several queues' batches: in one entry (`SendMany`) once every member applies it,
+    /// each part as the `Send` of its own otherwise. A part that is not a plain batch (a client
+    /// id to deduplicate by, delivery times, a TRANSACTION topic) is sent on its own. A part's
+    /// refusal is in its response; a refusal that a retry elsewhere may cure (not the leader,
+    /// disk full, cut off, busy) is the whole call's, so the producer retries every part (each
+    /// keeps its producer id and sequence, so none is stored twice).
+    pub(super) async fn send_many(
+        &self,
+        req: SendManyRequest,
+        caller_timeout: Option<Duration>,
+    ) -> Result<SendManyResponse> {
+        let t0 = Instant::now();
+        self.await_leader(caller_timeout).await?;
+        let limits = &self.node.cfg.limits;
+        validate_send_many(&req, limits)?;
+        let one_entry = self.require_tag(SEND_MANY_TAG).await.is_ok();
+        let timestamp_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut out: Vec<SendResponse> = vec![SendResponse::default(); req.parts.len()];
+        let mut together = Vec::new();
+        let mut alone = Vec::new();
+        for (i, part) in req.parts.into_iter().enumerate() {
+            let plain = self
+                .check_topic(&part.topic, part.queue)
+                .and_then(|()| Ok(validate_send(&part, limits)?))
+                .and_then(|()| {
+                    let ty = self.node.state_value(|s| s.topic_type(&part.topic));
+                    check_message_groups(&part, ty)?;
+                    let times = super::schedule::delivery_times(
+                        &part,
+                        ty,
+                        timestamp_ms,
+                        limits.delivery_horizon_ms,
+                    )?;
+                    Ok(times.is_none()
+                        && ty != crate::state::TYPE_TRANSACTION
+                        && part.dedup_property.is_empty())
+                });
+            match plain {
+                Err(e) if e.is_retriable() => return Err(e),
+                Err(e) => out[i].error = Some(e.into()),
+                Ok(true) if one_entry => together.push((i, part)),
+                Ok(_) => alone.push((i, part)),
+            }
+        }
+        let alone = futures::future::join_all(
+            alone
+                .into_iter()
+                .map(|(i, part)| async move { (i, self.send_batch(part, caller_timeout).await) }),
+        );
+        let together = async {
+            if together.is_empty() {
+                return Ok(0);
+            }
+            self.send_together(together, timestamp_ms, &mut out).await
+        };
+        let (alone, together) = tokio::join!(alone, together);
+        let together = together?;
+        if together > 0 {
+            metrics::observe_send(t0.elapsed(), together);
+        }
+        for (i, r) in alone {
+            match r {
+                Ok(r) => out[i] = r,
+                Err(e) if e.is_retriable() => return Err(e),
+                Err(e) => out[i].error = Some(e.into()),
+            }
+        }
+        Ok(SendManyResponse {
+            error: None,
+            parts: out,
+        })
+    }
+
+    /// Proposes `parts` (each with its index in the call) as one `SendMany` and answers each
+    /// into `out`. Returns how many messages the answers place.
+    async fn send_together(
+        &self,
+        parts: Vec<(usize, SendRequest)>,
+        timestamp_ms: u64,
+        out: &mut [SendResponse],
+    ) -> Result<u64> {
+        let (_permit, mut awaiting) = self.room_to_propose()?;
+        let mut at = Vec::with_capacity(parts.len());
+        let mut send_parts = Vec::with_capacity(parts.len());
+        let mut messages = Vec::new();
+        for (i, p) in parts {
+            at.push(i);
+            send_parts.push(SendPart {
+                topic: p.topic,
+                queue: p.queue,
+                producer_id: p.producer_id,
+                sequence: p.sequence,
+                count: p.messages.len() as u32,
+            });
+            messages.extend(stored_bodies(p.messages));
+        }
+        let cmd = Command::SendMany {
+            timestamp_ms,
+            parts: send_parts,
+            messages,
+        };
+        let Reply::SentMany(replies) = self.propose_send(cmd, &mut awaiting).await? else {
+            return Err(Internal::UnexpectedReply {
+                reply: "not a SendMany's reply".into(),
+            }
+            .into());
+        };
+        let broker = &self.node.cfg.broker;
+        let mut placed = 0;
+        for (i, (reply, position)) in at.into_iter().zip(replies) {
+            out[i] = match reply.sent() {
+                Ok((queue, first_offset, n, log_index, duplicate)) => {
+                    if !duplicate {
+                        self.node.produced.add(n as u64);
+                    }
+                    placed += n as u64;
+                    SendResponse {
+                        error: None,
+                        results: (0..n)
+                            .map(|k| SendResult {
+                                queue,
+                                offset: first_offset + k as u64,
+                                msg_id: msg_id(broker, log_index, position + k),
+                                deliver_at_ms: 0,
+                            })
+                            .collect(),
+                        duplicate,
+                        log_index,
+                    }
+                }
+                Err(e) => SendResponse {
+                    error: Some(e.into()),
+                    ..Default::default()
+                },
+            };
+        }
+        Ok(placed)
+    }
+
     /// Proposes a send and waits for its reply. A leader cut off while the send waits cannot
     /// commit it, and one that stopped leading cannot tell whether it will be: answer as soon as
     /// either shows (the outcome is then unknown: the producer retries with the same id and
@@ -321,6 +483,53 @@ pub fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody
 /// The tag of `Command::SendOnce`: a group applies it once every member's level is above it.
 const SEND_ONCE_TAG: u32 = 12;
 const _: () = assert!(SEND_ONCE_TAG < crate::command::COMMAND_TAGS);
+/// The tag of `Command::SendMany`: a group stores a call's parts in one entry once every member
+/// applies it, and each in an entry of its own until then.
+const SEND_MANY_TAG: u32 = 22;
+const _: () = assert!(SEND_MANY_TAG < crate::command::COMMAND_TAGS);
+
+/// Checks a `SendMany` as a whole: at least one part, and all its parts together within one
+/// batch's limits (`batch_messages_max` messages, `batch_bytes_max` bytes counting each part's
+/// topic and `raftmq_proto::limits::SEND_PART_OVERHEAD_BYTES`). Each part is then checked as a send of its own.
+pub fn validate_send_many(req: &SendManyRequest, limits: &Limits) -> Result<(), Refused> {
+    if req.parts.is_empty() {
+        return Err(Refused::EmptySend);
+    }
+    let count: usize = req.parts.iter().map(|p| p.messages.len()).sum();
+    if count > limits.batch_messages_max {
+        return Err(Refused::TooManyMessages {
+            count,
+            max: limits.batch_messages_max,
+        });
+    }
+    let bytes: usize = req
+        .parts
+        .iter()
+        .map(|p| {
+            p.topic.len()
+                + raftmq_proto::limits::SEND_PART_OVERHEAD_BYTES
+                + p.messages
+                    .iter()
+                    .map(|m| {
+                        m.body.len()
+                            + m.key.len()
+                            + m.tag.len()
+                            + m.properties
+                                .iter()
+                                .map(|(k, v)| k.len() + v.len())
+                                .sum::<usize>()
+                    })
+                    .sum::<usize>()
+        })
+        .sum();
+    if bytes > limits.batch_bytes_max {
+        return Err(Refused::BatchTooLarge {
+            bytes,
+            max: limits.batch_bytes_max,
+        });
+    }
+    Ok(())
+}
 
 /// What a proposed send watches while it waits: the term this node led when it proposed, and
 /// the watches that tell the send's fate is no longer this node's to tell.

@@ -107,8 +107,172 @@ impl HistProducer {
         len: usize,
         deadline: Duration,
     ) -> Outcome {
-        self.seq += 1;
-        let seq = self.seq;
+        let mut outcomes = self
+            .send_parts(hist, &[(queue, count)], len, deadline)
+            .await;
+        outcomes.pop().expect("one part")
+    }
+
+    /// Sends a batch to each (queue, count) of `parts` in one call (`SendMany` when more than
+    /// one: one log entry), each part a batch of its own sequence, and records an op per part.
+    pub async fn send_parts(
+        &mut self,
+        hist: &History,
+        parts: &[(u32, u32)],
+        len: usize,
+        deadline: Duration,
+    ) -> Vec<Outcome> {
+        let mut reqs: Vec<SendRequest> = parts
+            .iter()
+            .map(|&(queue, count)| {
+                self.seq += 1;
+                self.request(self.seq, queue, count, len)
+            })
+            .collect();
+        let seqs: Vec<u64> = reqs.iter().map(|r| r.sequence).collect();
+        let start = hist.now();
+        let t = Instant::now();
+        let mut definite = true;
+        let mut last = String::new();
+        let mut attempts = 0;
+        let outcomes: Vec<Outcome> = loop {
+            let failed = |definite: bool, why: String| {
+                if definite {
+                    Outcome::Failed(why)
+                } else {
+                    Outcome::Unknown(why)
+                }
+            };
+            if t.elapsed() >= deadline {
+                let why = format!("deadline passed after {attempts} attempts: {last}");
+                break vec![failed(definite, why); reqs.len()];
+            }
+            attempts += 1;
+            if self.new_batch_per_attempt {
+                for (r, seq) in reqs.iter_mut().zip(&seqs) {
+                    r.sequence = (seq << 20) | attempts as u64;
+                }
+            }
+            let mut c = self.clients.get(&self.target).await;
+            // The call's own error, and each part's answer.
+            let answer = if reqs.len() == 1 {
+                tokio::time::timeout(ATTEMPT_TIMEOUT, c.send(reqs[0].clone()))
+                    .await
+                    .map(|r| {
+                        r.map(|r| {
+                            let r = r.into_inner();
+                            (r.error.clone(), vec![r])
+                        })
+                    })
+            } else {
+                let call = SendManyRequest {
+                    parts: reqs.clone(),
+                };
+                tokio::time::timeout(ATTEMPT_TIMEOUT, c.send_many(call))
+                    .await
+                    .map(|r| {
+                        r.map(|r| {
+                            let r = r.into_inner();
+                            (r.error, r.parts)
+                        })
+                    })
+            };
+            match answer {
+                Ok(Ok((error, answers))) => match code(&error) {
+                    ErrorCode::Ok if answers.len() == reqs.len() => {
+                        let codes: Vec<ErrorCode> =
+                            answers.iter().map(|r| code(&r.error)).collect();
+                        // A part refused before it was proposed (a restarted node that has not
+                        // applied the topic yet, busy): the call is tried again, and the parts
+                        // stored meanwhile answer from their producer windows.
+                        if let Some(i) = codes
+                            .iter()
+                            .position(|c| matches!(c, ErrorCode::Busy | ErrorCode::TopicNotFound))
+                        {
+                            last = format!("part {i}: {:?}", answers[i].error);
+                        } else {
+                            break answers
+                                .into_iter()
+                                .zip(codes)
+                                .map(|(r, c)| match c {
+                                    ErrorCode::Ok => Outcome::Acked {
+                                        offsets: r.results.iter().map(|x| x.offset).collect(),
+                                        by: self.target.clone(),
+                                        duplicate: r.duplicate,
+                                    },
+                                    // Refused for what it is: not stored by this attempt.
+                                    ErrorCode::InvalidArgument | ErrorCode::MessageTooLarge => {
+                                        failed(definite, format!("{:?}", r.error))
+                                    }
+                                    _ => Outcome::Unknown(format!("{:?}", r.error)),
+                                })
+                                .collect();
+                        }
+                    }
+                    ErrorCode::Ok => {
+                        let why = format!("{} answers to {} parts", answers.len(), reqs.len());
+                        break vec![Outcome::Unknown(why); reqs.len()];
+                    }
+                    ErrorCode::NotLeader => {
+                        last = format!("NOT_LEADER from {}", self.target);
+                        if let Some(l) = error.as_ref().and_then(|e| e.leader.clone())
+                            && l.address != self.target
+                        {
+                            self.target = l.address;
+                            continue;
+                        }
+                    }
+                    // Refused before proposing: nothing stored by this attempt.
+                    ErrorCode::Busy | ErrorCode::TopicNotFound => {
+                        last = format!("{error:?}");
+                    }
+                    ErrorCode::InvalidArgument | ErrorCode::MessageTooLarge => {
+                        break vec![failed(definite, format!("{error:?}")); reqs.len()];
+                    }
+                    // UNAVAILABLE, INTERNAL...: the proposal may be in some log.
+                    _ => {
+                        definite = false;
+                        last = format!("{error:?}");
+                    }
+                },
+                Ok(Err(s)) => {
+                    if !never_sent(&s) {
+                        definite = false;
+                    }
+                    last = format!("{} from {}", s.message(), self.target);
+                }
+                Err(_) => {
+                    definite = false;
+                    last = format!("attempt timeout at {}", self.target);
+                }
+            }
+            // Unknown leader or unreachable node: try the next node.
+            self.rr += 1;
+            self.target = self.addrs[self.rr % self.addrs.len()].clone();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let end = hist.now();
+        for ((req, seq), outcome) in reqs.iter().zip(&seqs).zip(&outcomes) {
+            if matches!(outcome, Outcome::Acked { .. }) {
+                hist.acks.fetch_add(1, Ordering::Relaxed);
+            }
+            lock(&hist.ops).push(Op {
+                producer: self.id,
+                seq: *seq,
+                queue: req.queue,
+                count: req.messages.len() as u32,
+                len,
+                start,
+                end,
+                attempts,
+                outcome: outcome.clone(),
+            });
+        }
+        outcomes
+    }
+
+    /// The batch of sequence `seq`: `count` recognisable messages of `len` bytes to `queue`.
+    fn request(&self, seq: u64, queue: u32, count: u32, len: usize) -> SendRequest {
         let mut req = SendRequest {
             topic: self.topic.clone(),
             queue,
@@ -149,95 +313,7 @@ impl HistProducer {
                     .insert(ID_PROPERTY.into(), format!("{}.{seq}.{idx}", self.id));
             }
         }
-        let start = hist.now();
-        let t = Instant::now();
-        let mut definite = true;
-        let mut last = String::new();
-        let mut attempts = 0;
-        let outcome = loop {
-            if t.elapsed() >= deadline {
-                let why = format!("deadline passed after {attempts} attempts: {last}");
-                break if definite {
-                    Outcome::Failed(why)
-                } else {
-                    Outcome::Unknown(why)
-                };
-            }
-            attempts += 1;
-            if self.new_batch_per_attempt {
-                req.sequence = (seq << 20) | attempts as u64;
-            }
-            let mut c = self.clients.get(&self.target).await;
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, c.send(req.clone())).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
-                    match code(&r.error) {
-                        ErrorCode::Ok => {
-                            break Outcome::Acked {
-                                offsets: r.results.iter().map(|x| x.offset).collect(),
-                                by: self.target.clone(),
-                                duplicate: r.duplicate,
-                            };
-                        }
-                        ErrorCode::NotLeader => {
-                            last = format!("NOT_LEADER from {}", self.target);
-                            if let Some(l) = r.error.as_ref().and_then(|e| e.leader.clone())
-                                && l.address != self.target
-                            {
-                                self.target = l.address;
-                                continue;
-                            }
-                        }
-                        // Refused before proposing: nothing stored by this attempt.
-                        ErrorCode::Busy | ErrorCode::TopicNotFound => {
-                            last = format!("{:?}", r.error);
-                        }
-                        ErrorCode::InvalidArgument | ErrorCode::MessageTooLarge => {
-                            let why = format!("{:?}", r.error);
-                            break if definite {
-                                Outcome::Failed(why)
-                            } else {
-                                Outcome::Unknown(why)
-                            };
-                        }
-                        // UNAVAILABLE, INTERNAL...: the proposal may be in some log.
-                        _ => {
-                            definite = false;
-                            last = format!("{:?}", r.error);
-                        }
-                    }
-                }
-                Ok(Err(s)) => {
-                    if !never_sent(&s) {
-                        definite = false;
-                    }
-                    last = format!("{} from {}", s.message(), self.target);
-                }
-                Err(_) => {
-                    definite = false;
-                    last = format!("attempt timeout at {}", self.target);
-                }
-            }
-            // Unknown leader or unreachable node: try the next node.
-            self.rr += 1;
-            self.target = self.addrs[self.rr % self.addrs.len()].clone();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        if matches!(outcome, Outcome::Acked { .. }) {
-            hist.acks.fetch_add(1, Ordering::Relaxed);
-        }
-        lock(&hist.ops).push(Op {
-            producer: self.id,
-            seq,
-            queue: req.queue,
-            count,
-            len,
-            start,
-            end: hist.now(),
-            attempts,
-            outcome: outcome.clone(),
-        });
-        outcome
+        req
     }
 }
 
@@ -290,7 +366,15 @@ pub(super) async fn producer_loop(
         let queue = rng.random_range(0..QUEUES);
         let count = rng.random_range(1..=cfg.batch_max);
         let len = rng.random_range(24..=cfg.body_len_max);
-        p.send(&hist, queue, count, len, cfg.op_deadline).await;
+        // Every other send, on average, is one call to two queues (a `SendMany`: one entry
+        // holding both batches), so every fault scenario checks it too.
+        if rng.random_bool(0.5) {
+            let other = (queue + 1) % QUEUES;
+            let parts = [(queue, count), (other, rng.random_range(1..=cfg.batch_max))];
+            p.send_parts(&hist, &parts, len, cfg.op_deadline).await;
+        } else {
+            p.send(&hist, queue, count, len, cfg.op_deadline).await;
+        }
     }
 }
 

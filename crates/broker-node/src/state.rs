@@ -397,6 +397,10 @@ struct ProducerWindow {
     last_index: u64,
     /// (sequence, queue, first offset, count, log index), oldest first.
     recent: VecDeque<(u64, u32, u64, u32, u64)>,
+    /// The highest sequence ever recorded here (at or above every one in `recent`): a batch
+    /// above it is new without a look through the window. Not in snapshots: set at restore.
+    #[serde(skip)]
+    max_sequence: u64,
 }
 
 /// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
@@ -1121,8 +1125,11 @@ impl BrokerState {
             return None;
         }
         let w = self.producers.get(&producer_id)?;
+        if sequence > w.max_sequence {
+            return None;
+        }
         let &(_, queue, first_offset, count, log_index) =
-            w.recent.iter().find(|r| r.0 == sequence)?;
+            w.recent.iter().rev().find(|r| r.0 == sequence)?;
         if first_offset == SCHEDULED {
             return Some(Reply::Scheduled {
                 queue,
@@ -1337,6 +1344,7 @@ impl BrokerState {
         self.producers_idle.remove(&(w.last_index, producer_id));
         self.producers_idle.insert((index, producer_id));
         w.last_index = index;
+        w.max_sequence = w.max_sequence.max(rec.0);
         w.recent.push_back(rec);
         while w.recent.len() > PRODUCER_WINDOW {
             w.recent.pop_front();
@@ -1412,6 +1420,9 @@ impl raftmq_raft_log::StateMachine for BrokerState {
             .iter()
             .map(|(id, w)| (w.last_index, *id))
             .collect();
+        for w in s.producers.values_mut() {
+            w.max_sequence = w.recent.iter().map(|r| r.0).max().unwrap_or(0);
+        }
         *self = s;
         Ok(())
     }

@@ -447,6 +447,8 @@ struct Batcher {
     selectors: HashMap<String, QueueSelector>,
     /// Per topic: the newest route seen and its sorted queues.
     routes: HashMap<String, (Arc<TopicRoute>, Vec<QueueId>)>,
+    /// Every broker group of those routes.
+    brokers: HashSet<String>,
 }
 
 impl Batcher {
@@ -467,6 +469,7 @@ impl Batcher {
             broker_inflight: HashMap::new(),
             selectors: HashMap::new(),
             routes: HashMap::new(),
+            brokers: HashSet::new(),
         };
         (batcher, tx)
     }
@@ -509,12 +512,23 @@ impl Batcher {
     }
 
     fn add(&mut self, p: Pending) {
-        match self.routes.get_mut(&p.topic) {
-            Some((r, _)) if Arc::ptr_eq(r, &p.route) => {}
-            Some(entry) => *entry = (p.route.clone(), p.route.queues()),
+        let new_route = match self.routes.get_mut(&p.topic) {
+            Some((r, _)) if Arc::ptr_eq(r, &p.route) => false,
+            Some(entry) => {
+                *entry = (p.route.clone(), p.route.queues());
+                true
+            }
             None => {
                 let entry = (p.route.clone(), p.route.queues());
                 self.routes.insert(p.topic.clone(), entry);
+                true
+            }
+        };
+        if new_route {
+            for b in &p.route.brokers {
+                if !self.brokers.contains(&b.name) {
+                    self.brokers.insert(b.name.clone());
+                }
             }
         }
         let key = (p.topic.clone(), p.target.clone());
@@ -576,6 +590,25 @@ impl Batcher {
     /// within the group's batch limits: a producer spreading over thousands of queues has one
     /// message per queue at a time, and one entry per message would cost a leader far more.
     fn dispatch_ready(&mut self, closing: bool) {
+        // Nothing can go while every window is full: the common case under load, and one a
+        // producer over thousands of topics would otherwise pay a full round for, on every
+        // message that arrives. Only messages past their deadline are failed then (a batch's
+        // first message is its oldest).
+        if self.inflight >= self.config.inflight_batches_max
+            || !self.brokers.iter().any(|b| self.broker_has_room(b))
+        {
+            let now = Instant::now();
+            let expired: Vec<BatchKey> = self
+                .open
+                .iter()
+                .filter(|(_, b)| b.msgs.first().is_some_and(|p| p.deadline <= now))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in expired {
+                self.fail_expired(&key);
+            }
+            return;
+        }
         let mut keys: Vec<(Instant, BatchKey)> = self
             .open
             .iter()
@@ -598,11 +631,15 @@ impl Batcher {
             };
             let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
             // Groups whose open call takes this batch's first message.
-            let joinable: HashSet<String> = taking
-                .iter()
-                .filter(|(_, i)| calls[**i].fits(1, part_bytes + first_bytes))
-                .map(|(b, _)| b.clone())
-                .collect();
+            let joinable: HashSet<String> = if taking.is_empty() {
+                HashSet::new()
+            } else {
+                taking
+                    .iter()
+                    .filter(|(_, i)| calls[**i].fits(1, part_bytes + first_bytes))
+                    .map(|(b, _)| b.clone())
+                    .collect()
+            };
             let may_open = self.inflight < self.config.inflight_batches_max;
             let lane = match &key.1 {
                 Some(q) => {

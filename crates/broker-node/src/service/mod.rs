@@ -204,8 +204,12 @@ impl Broker {
 
     /// The topic's name is valid, it exists on this node, and `queue` is one of its queues.
     fn check_topic(&self, topic: &str, queue: u32) -> Result<()> {
+        self.check_topic_in(&self.node.state(), topic, queue)
+    }
+
+    /// [`Self::check_topic`] against a state the caller holds (one lock for many checks).
+    fn check_topic_in(&self, st: &crate::state::BrokerState, topic: &str, queue: u32) -> Result<()> {
         check_name("topic", topic).map_err(Error::invalid)?;
-        let st = self.node.state();
         match st.topics.get(topic) {
             None => Err(Refused::TopicNotFound {
                 topic: topic.to_string(),

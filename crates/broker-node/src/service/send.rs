@@ -291,12 +291,21 @@ impl Broker {
         let mut out: Vec<SendResponse> = vec![SendResponse::default(); req.parts.len()];
         let mut together = Vec::new();
         let mut alone = Vec::new();
-        for (i, part) in req.parts.into_iter().enumerate() {
-            let plain = self
-                .check_topic(&part.topic, part.queue)
+        // Each part's topic and type, read under one lock.
+        let found: Vec<(Result<()>, u32)> = {
+            let st = self.node.state();
+            req.parts
+                .iter()
+                .map(|p| {
+                    let checked = self.check_topic_in(&st, &p.topic, p.queue);
+                    (checked, st.topic_type(&p.topic))
+                })
+                .collect()
+        };
+        for ((i, part), (checked, ty)) in req.parts.into_iter().enumerate().zip(found) {
+            let plain = checked
                 .and_then(|()| Ok(validate_send(&part, limits)?))
                 .and_then(|()| {
-                    let ty = self.node.state_value(|s| s.topic_type(&part.topic));
                     check_message_groups(&part, ty)?;
                     let times = super::schedule::delivery_times(
                         &part,

@@ -720,3 +720,151 @@ async fn t29_paused_leader_steps_down_and_acknowledges_nothing_it_cannot_commit(
     wait_applied(&c, old, target, "the old leader converges", 10).await;
     check_everywhere(&c, &acked).await;
 }
+
+/// 210. A producer spreading over many topics sends each round's batches to the group in one call,
+///     stored by one log entry (`SendMany`): every message is read back from every node at the
+///     offset and under the id its receipt named, a message in the middle of such an entry is
+///     found by its id, and all of it holds after the leader is killed with SIGKILL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t210_batches_to_many_topics_in_one_entry_read_back_everywhere() {
+    let mut c = Cluster::start(3, &[]).await;
+    let topics: Vec<String> = (0..40).map(|i| format!("many-{i}")).collect();
+    for t in &topics {
+        c.create_topic(t, 2).await;
+    }
+    let producer = raftmq_client::Producer::builder(&c.nameserver)
+        .build()
+        .unwrap();
+    // 1,200 sends in flight at once, round robin over the topics.
+    let producer = std::sync::Arc::new(producer);
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..1200 {
+        let topic = topics[i % topics.len()].clone();
+        let p = producer.clone();
+        sends.spawn(async move {
+            let body = format!("many-{i}");
+            let r = p
+                .send(&topic, raftmq_client::Message::new(body.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("send {i} to {topic}: {e}"));
+            (topic, body, r)
+        });
+    }
+    let receipts = sends.join_all().await;
+    // Entries that hold more than one topic's messages: the calls were folded.
+    // A raftmq id is `BROKER-INDEX-POSITION`.
+    let index_position = |id: &str| {
+        let mut it = id.rsplitn(3, '-');
+        let position = it.next().unwrap().to_string();
+        (it.next().unwrap().to_string(), position)
+    };
+    let mut topics_of_entry: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (topic, _, r) in &receipts {
+        let (index, _) = index_position(&r.msg_id);
+        topics_of_entry
+            .entry(index)
+            .or_default()
+            .insert(topic.clone());
+    }
+    let shared = topics_of_entry.values().filter(|t| t.len() > 1).count();
+    assert!(
+        shared > 0,
+        "no entry holds more than one topic's messages ({} entries)",
+        topics_of_entry.len()
+    );
+    println!(
+        "1,200 messages over {} topics in {} entries, {shared} of them holding several topics",
+        topics.len(),
+        topics_of_entry.len()
+    );
+    // A message after the first of an entry that holds several topics.
+    let (probe_topic, probe_body, probe) = receipts
+        .iter()
+        .find(|(_, _, r)| {
+            let (index, position) = index_position(&r.msg_id);
+            position != "0000" && topics_of_entry[&index].len() > 1
+        })
+        .cloned()
+        .expect("a message after the first of a shared entry");
+
+    let check = |c: &Cluster, killed: Option<u64>, what: &'static str| {
+        let ids: Vec<u64> = c
+            .nodes
+            .keys()
+            .copied()
+            .filter(|id| Some(*id) != killed)
+            .collect();
+        let addrs: Vec<String> = ids.iter().map(|id| c.nodes[id].addr.clone()).collect();
+        let receipts = &receipts;
+        async move {
+            for addr in &addrs {
+                let mut held = BTreeMap::new();
+                for t in 0..40 {
+                    let topic = format!("many-{t}");
+                    for q in 0..2 {
+                        for m in read_stored(addr, &topic, q).await.unwrap() {
+                            held.insert((topic.clone(), q, m.offset), (m.body.to_vec(), m.msg_id));
+                        }
+                    }
+                }
+                assert_eq!(
+                    held.len(),
+                    receipts.len(),
+                    "{what}: {addr} holds {} messages",
+                    held.len()
+                );
+                for (topic, body, r) in receipts {
+                    let got = held.get(&(topic.clone(), r.queue, r.offset));
+                    assert_eq!(
+                        got,
+                        Some(&(body.as_bytes().to_vec(), r.msg_id.clone())),
+                        "{what}: {addr}: {topic} queue {} offset {}",
+                        r.queue,
+                        r.offset
+                    );
+                }
+            }
+        }
+    };
+    check(&c, None, "before the kill").await;
+
+    let find = |addr: String| {
+        let (topic, id) = (probe_topic.clone(), probe.msg_id.clone());
+        async move {
+            let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_lazy();
+            raftmq_proto::v1::inspect_service_client::InspectServiceClient::new(ch)
+                .find_messages(FindMessagesRequest {
+                    topic,
+                    by: Some(find_messages_request::By::MsgId(id)),
+                    limit: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let leader = c.leader().await;
+    let found = find(c.nodes[&leader].addr.clone()).await;
+    assert_eq!(found.messages.len(), 1, "{found:?}");
+    assert_eq!(found.messages[0].body, probe_body.as_bytes());
+    assert_eq!(
+        (found.messages[0].queue, found.messages[0].offset),
+        (probe.queue, probe.offset)
+    );
+
+    c.kill(leader);
+    let next = wait_for("a new leader", Duration::from_secs(10), || async {
+        c.agreed_leader(Duration::from_secs(1))
+            .await
+            .ok()
+            .map(|l| l.node_id)
+            .filter(|l| *l != leader)
+    })
+    .await;
+    let found = find(c.nodes[&next].addr.clone()).await;
+    assert_eq!(found.messages.len(), 1, "after the kill: {found:?}");
+    assert_eq!(found.messages[0].msg_id, probe.msg_id);
+    check(&c, Some(leader), "after the leader's SIGKILL").await;
+}

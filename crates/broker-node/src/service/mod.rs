@@ -208,7 +208,12 @@ impl Broker {
     }
 
     /// [`Self::check_topic`] against a state the caller holds (one lock for many checks).
-    fn check_topic_in(&self, st: &crate::state::BrokerState, topic: &str, queue: u32) -> Result<()> {
+    fn check_topic_in(
+        &self,
+        st: &crate::state::BrokerState,
+        topic: &str,
+        queue: u32,
+    ) -> Result<()> {
         check_name("topic", topic).map_err(Error::invalid)?;
         match st.topics.get(topic) {
             None => Err(Refused::TopicNotFound {

@@ -236,6 +236,19 @@ impl Cluster {
         .await
     }
 
+    /// The leader every running node agrees on once it is not `old` (killed or stepped down),
+    /// within 10 s, or panics.
+    pub async fn new_leader_after(&self, old: u64) -> u64 {
+        wait_for("a new leader", Duration::from_secs(10), || async {
+            self.agreed_leader(Duration::from_secs(1))
+                .await
+                .ok()
+                .map(|l| l.node_id)
+                .filter(|l| *l != old)
+        })
+        .await
+    }
+
     /// [`Cluster::agreed_leader`] within 20 s, or panics.
     pub async fn leader(&self) -> u64 {
         self.agreed_leader(Duration::from_secs(20))

@@ -855,14 +855,7 @@ async fn t210_batches_to_many_topics_in_one_entry_read_back_everywhere() {
     );
 
     c.kill(leader);
-    let next = wait_for("a new leader", Duration::from_secs(10), || async {
-        c.agreed_leader(Duration::from_secs(1))
-            .await
-            .ok()
-            .map(|l| l.node_id)
-            .filter(|l| *l != leader)
-    })
-    .await;
+    let next = c.new_leader_after(leader).await;
     let found = find(c.nodes[&next].addr.clone()).await;
     assert_eq!(found.messages.len(), 1, "after the kill: {found:?}");
     assert_eq!(found.messages[0].msg_id, probe.msg_id);

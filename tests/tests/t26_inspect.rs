@@ -177,14 +177,7 @@ async fn t26_1_topic_status_and_message_lookup_survive_failover_and_restart() {
     assert_eq!(code(&r.error), ErrorCode::NotLeader, "{r:?}");
 
     c.kill(leader);
-    let next = wait_for("a new leader", Duration::from_secs(10), || async {
-        c.agreed_leader(Duration::from_secs(1))
-            .await
-            .ok()
-            .map(|l| l.node_id)
-            .filter(|l| *l != leader)
-    })
-    .await;
+    let next = c.new_leader_after(leader).await;
     wait_for(
         "the route to name the new leader",
         Duration::from_secs(15),

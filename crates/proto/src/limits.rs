@@ -42,6 +42,18 @@ pub const LOG_PAYLOAD_BYTES_MAX: usize = 64 << 20;
 /// [`BATCH_BYTES_MAX`] counts: field tags and length prefixes of the message, its key, tag and
 /// body (properties are framed within their own allowance, [`PROPERTIES_BYTES_MAX`]).
 pub const MESSAGE_FRAMING_BYTES_MAX: usize = 64;
+/// The bytes a message counts for against [`BATCH_BYTES_MAX`] (a group's `batch_bytes_max`):
+/// body, key, tag, and every property's name and value.
+pub fn message_bytes(m: &v1::Message) -> usize {
+    m.body.len()
+        + m.key.len()
+        + m.tag.len()
+        + m.properties
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+}
+
 /// What each part of a `SendMany` counts against [`BATCH_BYTES_MAX`] beyond its messages and its
 /// topic's name: the part's own framing (its length prefix, queue, producer id and sequence),
 /// so a call of many one-message parts still fits in one gRPC message.

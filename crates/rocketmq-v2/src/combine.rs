@@ -44,16 +44,6 @@ pub struct Combiner {
     lanes: Mutex<HashMap<(String, u32), Lane>>,
 }
 
-fn bytes_of(m: &v1::Message) -> usize {
-    m.body.len()
-        + m.key.len()
-        + m.tag.len()
-        + m.properties
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>()
-}
-
 impl Combiner {
     /// Sends `messages` to (`topic`, `queue`) through `send`, folded with other sends to the same
     /// queue that are waiting; returns their offsets, in order.
@@ -124,7 +114,7 @@ impl Combiner {
 fn take_batch(waiting: &mut Vec<Waiter>, limits: BatchLimits) -> Vec<Waiter> {
     let (mut count, mut bytes, mut take) = (0usize, 0usize, 0usize);
     for (m, _) in waiting.iter() {
-        let b: usize = m.iter().map(bytes_of).sum();
+        let b: usize = m.iter().map(raftmq_proto::limits::message_bytes).sum();
         if take > 0 && (count + m.len() > limits.messages || bytes + b > limits.bytes) {
             break;
         }

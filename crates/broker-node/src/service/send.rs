@@ -519,15 +519,7 @@ pub fn validate_send_many(req: &SendManyRequest, limits: &Limits) -> Result<(), 
                 + raftmq_proto::limits::SEND_PART_OVERHEAD_BYTES
                 + p.messages
                     .iter()
-                    .map(|m| {
-                        m.body.len()
-                            + m.key.len()
-                            + m.tag.len()
-                            + m.properties
-                                .iter()
-                                .map(|(k, v)| k.len() + v.len())
-                                .sum::<usize>()
-                    })
+                    .map(raftmq_proto::limits::message_bytes)
                     .sum::<usize>()
         })
         .sum();

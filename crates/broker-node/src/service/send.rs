@@ -67,17 +67,9 @@ impl Broker {
         self.await_leader(caller_timeout).await?;
         self.check_topic(&req.topic, req.queue)?;
         validate_send(&req, &self.node.cfg.limits)?;
-        let (_permit, awaiting) = self.room_to_propose()?;
-        let Awaiting {
-            led_term,
-            leadership,
-            cut_off,
-        } = awaiting;
+        let (_permit, mut awaiting) = self.room_to_propose()?;
         let count = req.messages.len() as u64;
-        let timestamp_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let timestamp_ms = super::wall_ms();
         // A DELAY topic's batch waits in the timer (`Schedule`); a delivery time on any other
         // topic is refused.
         let topic_type = self.node.state_value(|s| s.topic_type(&req.topic));
@@ -96,11 +88,6 @@ impl Broker {
             times = Some(vec![at; req.messages.len()]);
         }
         if let Some(times) = times {
-            let mut awaiting = Awaiting {
-                led_term,
-                leadership,
-                cut_off,
-            };
             let id_property = req.dedup_property.clone();
             let r = self
                 .schedule_batch(req, times, timestamp_ms, id_property, &mut awaiting)
@@ -117,11 +104,6 @@ impl Broker {
         let id_property = (!req.dedup_property.is_empty()
             && self.group_command_tags() > SEND_ONCE_TAG)
             .then_some(req.dedup_property);
-        let mut awaiting = Awaiting {
-            led_term,
-            leadership,
-            cut_off,
-        };
         let broker = &self.node.cfg.broker;
         let Some(id_property) = id_property else {
             let cmd = Command::Send {
@@ -284,10 +266,7 @@ impl Broker {
         let limits = &self.node.cfg.limits;
         validate_send_many(&req, limits)?;
         let one_entry = self.require_tag(SEND_MANY_TAG).await.is_ok();
-        let timestamp_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let timestamp_ms = super::wall_ms();
         let mut out: Vec<SendResponse> = vec![SendResponse::default(); req.parts.len()];
         let mut together = Vec::new();
         let mut alone = Vec::new();

@@ -679,6 +679,14 @@ impl LocalCluster {
         self.nodes.values().map(|n| n.addr.clone()).collect()
     }
 
+    /// Every node's id and client address.
+    pub fn node_addrs(&self) -> Vec<(u64, String)> {
+        self.nodes
+            .iter()
+            .map(|(id, n)| (*id, n.addr.clone()))
+            .collect()
+    }
+
     fn node(&self, id: u64) -> Option<&LocalNode> {
         self.nodes.get(&id)
     }

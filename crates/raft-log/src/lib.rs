@@ -4,13 +4,15 @@
 //! - [`node`]: [`Member`], the public API: start, propose, read entries, status, leadership, membership.
 //! - [`log_store`]: segment files of CRC'd records, group commit, recovery; metadata in sled.
 //! - [`state_machine`]: the [`StateMachine`] trait the broker implements, and its openraft adapter.
-//! - [`network`] / [`server`]: the peer gRPC client (one channel per peer, deadlines) and service.
+//! - [`network`] / [`server`]: the peer gRPC client (one channel per peer, deadlines) and service;
+//!   [`commit_notice`] folds a leader's entry-less commit notices into the append after them.
 //! - [`config`]: [`RaftConfig`] with defaults and validation.
 //! - [`types`]: the openraft type configuration.
 //! - `testkit` (feature `testing`): a local group of members with abrupt kill, for tests and
 //!   benchmarks.
 
 pub mod catchup;
+pub mod commit_notice;
 pub mod config;
 mod encoding;
 pub mod error;

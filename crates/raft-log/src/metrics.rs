@@ -1,27 +1,85 @@
-//! Prometheus metrics of the log, registered in the process-wide default registry.
+//! Prometheus metrics of the log, registered in the process-wide default registry. Besides the
+//! fsync latency, the two ends of one replication step: what the follower spends on an append
+//! (receipt to answer, its fsync included) and the round trip the leader sees. Together with the
+//! broker's send latency they split one send's time into its hops (`bench produce --local`
+//! prints that split).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts};
+use prometheus::{Histogram, HistogramOpts, IntCounter};
 
-static FSYNC_SECONDS: LazyLock<Option<Histogram>> = LazyLock::new(|| {
-    let h = Histogram::with_opts(
-        HistogramOpts::new(
-            "raftmq_log_fsync_seconds",
-            "fdatasync latency of the Raft log",
-        )
-        .buckets(vec![
-            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
-        ]),
-    )
-    .ok()?;
+/// Bucket bounds in seconds, fine below a millisecond where one fsync and one hop fall.
+const BUCKETS: [f64; 15] = [
+    0.00005, 0.0001, 0.00015, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01,
+    0.05, 0.1, 0.5,
+];
+
+const _: () = {
+    let mut i = 1;
+    while i < BUCKETS.len() {
+        assert!(BUCKETS[i - 1] < BUCKETS[i], "buckets must increase");
+        i += 1;
+    }
+};
+
+fn histogram(name: &str, help: &str) -> Option<Histogram> {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec())).ok()?;
     prometheus::register(Box::new(h.clone())).ok()?;
     Some(h)
+}
+
+static FSYNC_SECONDS: LazyLock<Option<Histogram>> = LazyLock::new(|| {
+    histogram(
+        "raftmq_log_fsync_seconds",
+        "fdatasync latency of the Raft log",
+    )
 });
 
-pub(crate) fn observe_fsync(d: Duration) {
-    if let Some(h) = FSYNC_SECONDS.as_ref() {
+static APPEND_SECONDS: LazyLock<Option<Histogram>> = LazyLock::new(|| {
+    histogram(
+        "raftmq_raft_append_seconds",
+        "follower: an append carrying entries, from its arrival to its answer (fsync included)",
+    )
+});
+
+static REPLICATE_SECONDS: LazyLock<Option<Histogram>> = LazyLock::new(|| {
+    histogram(
+        "raftmq_raft_replicate_seconds",
+        "leader: an append carrying entries, from sending it to a follower to its answer",
+    )
+});
+
+fn observe(h: &LazyLock<Option<Histogram>>, d: Duration) {
+    if let Some(h) = h.as_ref() {
         h.observe(d.as_secs_f64());
+    }
+}
+
+pub(crate) fn observe_fsync(d: Duration) {
+    observe(&FSYNC_SECONDS, d);
+}
+
+pub(crate) fn observe_append(d: Duration) {
+    observe(&APPEND_SECONDS, d);
+}
+
+pub(crate) fn observe_replicate(d: Duration) {
+    observe(&REPLICATE_SECONDS, d);
+}
+
+static COMMIT_NOTICES_FOLDED: LazyLock<Option<IntCounter>> = LazyLock::new(|| {
+    let c = IntCounter::new(
+        "raftmq_raft_commit_notices_folded_total",
+        "leader: entry-less commit notices dropped because the next append carried their commit",
+    )
+    .ok()?;
+    prometheus::register(Box::new(c.clone())).ok()?;
+    Some(c)
+});
+
+pub(crate) fn note_commit_notice_folded() {
+    if let Some(c) = COMMIT_NOTICES_FOLDED.as_ref() {
+        c.inc();
     }
 }

@@ -356,6 +356,10 @@ impl PeerClient {
         // from it would take entries the new stream then never sends (the follower sees a gap,
         // and replication stalls until the dead stream is torn down).
         let (session_open, session_over) = tokio::sync::watch::channel(());
+        let input = crate::commit_notice::fold_commit_notices(
+            input,
+            crate::commit_notice::COMMIT_NOTICE_HOLD,
+        );
         let requests = futures::stream::unfold(
             (input, session_over, header),
             move |(mut input, mut session_over, mut header)| {
@@ -374,8 +378,11 @@ impl PeerClient {
                         payload: encode_append(&req).unwrap_or_default(),
                     };
                     if let Ok(mut q) = sent_in.lock() {
-                        q.requests
-                            .push_back((Instant::now(), request.payload.len()));
+                        q.requests.push_back(SentAppend {
+                            at: Instant::now(),
+                            bytes: request.payload.len(),
+                            entries: !req.entries.is_empty(),
+                        });
                     }
                     Some((request, (input, session_over, header)))
                 }
@@ -425,12 +432,21 @@ impl PeerClient {
     }
 }
 
-/// The requests of an append stream still unanswered, oldest first: when each was sent and its
-/// encoded size; and when the follower last answered (or the stream opened).
+/// The requests of an append stream still unanswered, oldest first; and when the follower last
+/// answered (or the stream opened).
 #[derive(Default)]
 struct Sent {
-    requests: VecDeque<(Instant, usize)>,
+    requests: VecDeque<SentAppend>,
     answered_at: Option<Instant>,
+}
+
+/// One append of a stream: when it was sent, its encoded size, and whether it carried entries
+/// (only those count toward `raftmq_raft_replicate_seconds`).
+#[derive(Clone, Copy)]
+struct SentAppend {
+    at: Instant,
+    bytes: usize,
+    entries: bool,
 }
 
 impl Sent {
@@ -438,7 +454,9 @@ impl Sent {
     /// it once it was sent and the one before it was answered; from then it gets
     /// [`append_deadline`] for its size.
     fn deadline(&self, ttl: Duration) -> Option<(Instant, Duration)> {
-        let (sent, bytes) = *self.requests.front()?;
+        let SentAppend {
+            at: sent, bytes, ..
+        } = *self.requests.front()?;
         let start = self.answered_at.map_or(sent, |a| a.max(sent));
         let allowed = append_deadline(ttl, bytes);
         Some((start + allowed, allowed))
@@ -483,14 +501,15 @@ async fn next_append_reply(
                 });
             }
             Ok(Ok(Some(reply))) => {
-                let bytes = sent
-                    .lock()
-                    .ok()
-                    .and_then(|mut q| {
-                        q.answered_at = Some(Instant::now());
-                        q.requests.pop_front()
-                    })
-                    .map_or(0, |(_, b)| b);
+                let now = Instant::now();
+                let answered = sent.lock().ok().and_then(|mut q| {
+                    q.answered_at = Some(now);
+                    q.requests.pop_front()
+                });
+                if let Some(a) = answered.filter(|a| a.entries) {
+                    crate::metrics::observe_replicate(now.saturating_duration_since(a.at));
+                }
+                let bytes = answered.map_or(0, |a| a.bytes);
                 return Some(Ok((reply_payload(target, reply), bytes)));
             }
         }
@@ -525,7 +544,12 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let payload = encode_append(&rpc).map_err(network::<RPCError<TypeConfig>>)?;
-        self.call_encoded(Kind::Append, payload, &option).await
+        let sent = (!rpc.entries.is_empty()).then(Instant::now);
+        let r = self.call_encoded(Kind::Append, payload, &option).await;
+        if let Some(at) = sent.filter(|_| r.is_ok()) {
+            crate::metrics::observe_replicate(at.elapsed());
+        }
+        r
     }
 
     fn stream_append<'s, S>(

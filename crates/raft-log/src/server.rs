@@ -2,6 +2,7 @@
 //! Requests from another cluster or broker group, or without the configured shared secret, are
 //! refused before they reach Raft; undecodable payloads are refused with an error reply.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -161,6 +162,9 @@ struct AdmitAppends {
     leader_commit: Arc<AtomicU64>,
     started: Instant,
     stopped: Arc<std::sync::Mutex<Option<String>>>,
+    /// When each admitted request still unanswered arrived, if it carried entries (the stream
+    /// answers in order): `raftmq_raft_append_seconds`.
+    arrivals: Arc<std::sync::Mutex<VecDeque<Option<Instant>>>>,
 }
 
 impl AdmitAppends {
@@ -185,6 +189,9 @@ impl AdmitAppends {
             Ok(rpc) => {
                 note_append(&self.last_append_ms, self.started);
                 note_commit(&self.leader_commit, &rpc);
+                if let Ok(mut a) = self.arrivals.lock() {
+                    a.push_back((!rpc.entries.is_empty()).then(Instant::now));
+                }
                 Some(rpc)
             }
             Err(e) => {
@@ -249,7 +256,12 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
         };
         note_append(&self.last_append_ms, self.started);
         note_commit(&self.leader_commit, &rpc);
-        reply(self.raft.append_entries(rpc).await)
+        let arrived = (!rpc.entries.is_empty()).then(Instant::now);
+        let r = self.raft.append_entries(rpc).await;
+        if let Some(at) = arrived {
+            crate::metrics::observe_append(at.elapsed());
+        }
+        reply(r)
     }
 
     type AppendStreamStream =
@@ -263,12 +275,14 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
         // Why the requests stopped early (a refused header, an undecodable payload, a broken
         // stream): answered after the replies to the requests before it.
         let stopped: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let arrivals: Arc<std::sync::Mutex<VecDeque<Option<Instant>>>> = Arc::default();
         let admitted = AdmitAppends {
             me: self.me.clone(),
             last_append_ms: self.last_append_ms.clone(),
             leader_commit: self.leader_commit.clone(),
             started: self.started,
             stopped: stopped.clone(),
+            arrivals: arrivals.clone(),
         };
         let requests =
             futures::stream::unfold(Some((inbound, admitted, false)), |state| async move {
@@ -278,7 +292,17 @@ impl<S: crate::StateMachine> RaftPeerService for PeerServer<S> {
                     .admit(next, checked)
                     .map(|rpc| (rpc, Some((inbound, admitted, true))))
             });
-        let replies = self.raft.stream_append(requests).map(|r| Ok(raft_reply(r)));
+        let replies = self.raft.stream_append(requests).map(move |r| {
+            let arrived = arrivals
+                .lock()
+                .ok()
+                .and_then(|mut a| a.pop_front())
+                .flatten();
+            if let Some(at) = arrived {
+                crate::metrics::observe_append(at.elapsed());
+            }
+            Ok(raft_reply(r))
+        });
         let last =
             futures::stream::once(async move { stopped.lock().ok().and_then(|mut s| s.take()) })
                 .filter_map(|e| async move {

@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::args::{BenchCmd, BenchTarget};
+use crate::commands::bench_hops;
 use crate::commands::produce::generated_body;
 use crate::connect::Target;
 use crate::load::{Load, verify};
@@ -36,8 +37,22 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
                 true => Some(make_topics(&ns, cluster.as_ref(), &target, shape.topics).await?),
                 false => None,
             };
+            // One at a time, the nodes' histograms split each send into its hops.
+            let nodes = match (&cluster, shape.inflight) {
+                (Some(c), 1) if !c.is_secure() => c.node_addrs(),
+                _ => Vec::new(),
+            };
+            let before = bench_hops::scrape_all(&nodes).await;
             let r = produce(&ns, &target.topic, count, size, shape, true).await?;
             let t = throughput(r.acked, size, r.elapsed);
+            let hops = match nodes.is_empty() {
+                true => None,
+                false => bench_hops::split(
+                    &before,
+                    &bench_hops::scrape_all(&nodes).await,
+                    (r.latency.mean_ms * 1e3, r.latency.p50_ms * 1e3),
+                ),
+            };
             if json {
                 let mut v = json!({
                     "bench": "produce", "size": size, "inflight": shape.inflight,
@@ -47,6 +62,9 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
                     "mb_per_sec": t.mb_per_sec, "latency_ms": r.latency,
                     "cpu_steal_pct": r.cpu_steal_pct,
                 });
+                if let Some(h) = &hops {
+                    v["hops"] = h.json();
+                }
                 if let Some(m) = &many {
                     v["queues"] = json!(m.queues);
                     v["create_topics_seconds"] = json!(m.create_secs);
@@ -108,6 +126,9 @@ pub async fn run(remote: Remote<'_>, json: bool, cmd: BenchCmd) -> Result<()> {
                 );
                 if let Some(steal) = r.cpu_steal_pct {
                     println!("{}", steal_line(steal));
+                }
+                if let Some(h) = &hops {
+                    println!("{}", h.table());
                 }
             }
             if r.failed > 0 {

@@ -3,6 +3,7 @@
 pub mod admin_ops;
 pub mod bench;
 pub mod bench_delay;
+pub mod bench_hops;
 pub mod bench_lookup;
 pub mod bench_pop;
 pub mod catchup;

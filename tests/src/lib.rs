@@ -347,6 +347,15 @@ pub async fn metrics(addr: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The value of the first line of a `/metrics` page that starts with `line_start` (a metric's
+/// name, with its labels when it has any).
+pub fn metric(text: &str, line_start: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The python of the test venv (made once by `scripts/python-env`), for the whole test binary.
 pub fn python() -> &'static Path {
     static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();

@@ -861,3 +861,52 @@ async fn t210_batches_to_many_topics_in_one_entry_read_back_everywhere() {
     assert_eq!(found.messages[0].msg_id, probe.msg_id);
     check(&c, Some(leader), "after the leader's SIGKILL").await;
 }
+
+/// One send at a time: the leader folds each send's commit notice into the next send's append
+/// (`raftmq_raft_commit_notices_folded_total` grows), the hop histograms behind `bench produce
+/// --inflight 1` move on the leader and on both followers, and both followers still apply the
+/// last send, whose notice has no append to ride on, and hold every message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn t211_one_at_a_time_commit_notices_ride_on_the_next_append_and_followers_apply_all() {
+    const SENDS: u32 = 200;
+    let (c, leader) = start_with_topic(&[]).await;
+    let addr = |id: u64| c.nodes[&id].addr.clone();
+    let count = |text: &str, name: &str| metric(text, name).unwrap_or(0.0);
+    let before = metrics(&addr(leader)).await;
+    let mut cl = c.client(leader).await;
+    let mut acked = BTreeMap::new();
+    for i in 0..SENDS {
+        let body = format!("one-{i}").into_bytes();
+        let req = send_request(11, i as u64 + 1, TOPIC, 0, vec![body.clone()]);
+        let r = cl.send(req).await.unwrap().into_inner();
+        assert_eq!(code(&r.error), ErrorCode::Ok, "send {i}: {:?}", r.error);
+        acked.insert((0, r.results[0].offset), body);
+    }
+    let after = metrics(&addr(leader)).await;
+    let folded = count(&after, "raftmq_raft_commit_notices_folded_total")
+        - count(&before, "raftmq_raft_commit_notices_folded_total");
+    // Each of two followers could fold up to SENDS - 1 notices; a slow machine lets some holds
+    // run out, so ask for a tenth.
+    assert!(
+        folded >= (SENDS / 10) as f64,
+        "only {folded} commit notices folded over {SENDS} sends one at a time"
+    );
+    let replicated = count(&after, "raftmq_raft_replicate_seconds_count")
+        - count(&before, "raftmq_raft_replicate_seconds_count");
+    assert!(
+        replicated >= (2 * SENDS) as f64,
+        "{replicated} appends timed"
+    );
+    for id in c.nodes.keys().copied().filter(|id| *id != leader) {
+        caught_up_as_follower(&c, id, leader, "a follower applies the last send").await;
+        let appended = count(
+            &metrics(&addr(id)).await,
+            "raftmq_raft_append_seconds_count",
+        );
+        assert!(
+            appended >= SENDS as f64,
+            "follower {id}: {appended} appends timed"
+        );
+    }
+    check_everywhere(&c, &acked).await;
+}

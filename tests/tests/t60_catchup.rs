@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use raftmq_tests::biglog::{self, Acked, Load};
-use raftmq_tests::{Cluster, metrics, wait_for};
+use raftmq_tests::{Cluster, metric, metrics, wait_for};
 
 const GIB: u64 = 1 << 30;
 
@@ -180,13 +180,6 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
     (ticks(11) + ticks(12)) / 100.0
-}
-
-fn metric(text: &str, line_start: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// The log filter a broker node uses when RUST_LOG is not set (`crates/broker-node/src/lib.rs`).

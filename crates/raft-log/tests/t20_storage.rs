@@ -108,7 +108,13 @@ async fn t21_power_loss_and_torn_tail_recover_to_a_valid_prefix() {
             .unwrap()
             .unwrap()
             .path();
-        durable_len = std::fs::metadata(&seg).unwrap().len();
+        // What was written: the segment is preallocated, zeros past its records.
+        let bytes = std::fs::read(&seg).unwrap();
+        durable_len = bytes.iter().rposition(|b| *b != 0).unwrap() as u64 + 1;
+        assert!(
+            (bytes.len() as u64) > durable_len,
+            "the active segment is preallocated past its records"
+        );
         store
             .append((101..=150).map(entry), IOFlushed::noop())
             .await
@@ -370,4 +376,81 @@ async fn t25_durable_log_pages_leave_the_page_cache() {
         assert_eq!(got.len(), 400);
         assert!(got.iter().all(|e| e == &body(e.log_id.index)));
     }
+}
+
+/// The log's segment files, oldest first, with their lengths on disk.
+fn segment_files(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| {
+            let len = std::fs::metadata(&p).unwrap().len();
+            (p, len)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The active segment is preallocated to the segment size and its zeros are unused space, not a
+/// torn tail: a clean reopen cuts nothing, and appends go on right after the last record (not
+/// after the preallocation), across reopens. A sealed segment is exactly its records, so it opens
+/// from its index file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t26_preallocated_segments_reopen_without_a_cut_and_seal_to_their_records() {
+    let dir = written_log(100).await;
+    let files = segment_files(dir.path());
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].1, 1 << 20, "the active segment is preallocated");
+    for round in 0..2u64 {
+        let db = meta_db(dir.path());
+        let (mut store, report) = open_report(dir.path(), &db);
+        let n = 100 + round * 100;
+        assert_eq!(report.entries, n, "round {round}");
+        assert_eq!(
+            report.truncated_bytes, 0,
+            "round {round}: zeros are no torn tail"
+        );
+        append_durably(&mut store, [(n + 1..=n + 100).map(entry).collect()]).await;
+        let got = store
+            .get_log_reader()
+            .await
+            .try_get_log_entries(1..n + 101)
+            .await
+            .unwrap();
+        assert_eq!(got, (1..=n + 100).map(entry).collect::<Vec<_>>());
+    }
+    // Entries of ~400 bytes: 300 fit one 1 MiB segment. Fill past it.
+    {
+        let db = meta_db(dir.path());
+        let (mut store, _) = open_report(dir.path(), &db);
+        append_durably(
+            &mut store,
+            (0..30).map(|c| (301 + c * 100..=400 + c * 100).map(entry).collect()),
+        )
+        .await;
+    }
+    let files = segment_files(dir.path());
+    assert!(files.len() >= 2, "{files:?}");
+    for (p, len) in &files[..files.len() - 1] {
+        let bytes = std::fs::read(p).unwrap();
+        assert_eq!(
+            bytes.iter().rposition(|b| *b != 0).map(|i| i as u64 + 1),
+            Some(*len),
+            "{p:?}: a sealed segment ends at its last record"
+        );
+        assert!(p.with_extension("idx").exists(), "{p:?} has its index file");
+    }
+    let db = meta_db(dir.path());
+    let (mut store, report) = open_report(dir.path(), &db);
+    assert_eq!(report.entries, 3300);
+    assert_eq!(report.truncated_bytes, 0);
+    let got = store
+        .get_log_reader()
+        .await
+        .try_get_log_entries(1..3301)
+        .await
+        .unwrap();
+    assert_eq!(got, (1..=3300).map(entry).collect::<Vec<_>>());
 }

@@ -187,13 +187,21 @@ fn segments(data_dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// The newest non-empty segment file of a stopped node.
+/// The newest segment file of a stopped node that holds records, and the length of what was
+/// written to it: the active segment is preallocated, and the zeros past its records are no
+/// record a fault should land in.
 fn last_segment(data_dir: &Path) -> Option<(PathBuf, u64)> {
     segments(data_dir)
         .into_iter()
         .rev()
-        .filter_map(|p| std::fs::metadata(&p).ok().map(|m| (p, m.len())))
+        .filter_map(|p| written_len(&p).map(|len| (p, len)))
         .find(|(_, len)| *len > 0)
+}
+
+/// The length of a file up to its last byte that is not zero.
+fn written_len(path: &Path) -> Option<u64> {
+    let b = std::fs::read(path).ok()?;
+    Some(b.iter().rposition(|x| *x != 0).map_or(0, |i| i as u64 + 1))
 }
 
 /// Flips one bit in the second half of the newest segment of a stopped node.

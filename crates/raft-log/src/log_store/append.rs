@@ -48,6 +48,7 @@ impl LogStore {
                     files.push(g.flush_buf(&mut buf, &mut idx_in_buf)?);
                 }
                 if let Some(sealed) = g.segments.values().next_back() {
+                    sealed.seal()?;
                     // The segment being sealed leaves the page cache whole once it is on disk.
                     if g.page_cache_window_bytes > 0 {
                         files.push(sealed.sync_target(u64::MAX));
@@ -61,7 +62,7 @@ impl LogStore {
                     }
                 }
                 let dir = g.dir.clone();
-                let seg = Segment::create(&dir, id.index)?;
+                let seg = Segment::create(&dir, id.index, g.segment_bytes_max)?;
                 sync_dir(&dir)?;
                 g.segments.insert(id.index, seg);
                 batch_first = None;

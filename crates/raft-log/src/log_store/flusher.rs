@@ -43,6 +43,9 @@ pub(super) struct FlushJob {
 pub(crate) struct SyncTarget {
     pub(crate) file: Arc<File>,
     pub(crate) path: Arc<PathBuf>,
+    /// The segment's length when the target was taken (the file may be preallocated past it).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) len: u64,
     pub(crate) uncache: Uncache,
 }
 
@@ -98,7 +101,7 @@ impl Uncache {
 impl SyncTarget {
     fn sync(&self) -> io::Result<()> {
         #[cfg(feature = "testing")]
-        let len = super::power_loss::length_to_record(&self.file)?;
+        let len = super::power_loss::length_to_record(self.len);
         let t = std::time::Instant::now();
         self.file.sync_data().map_err(|e| {
             io::Error::new(e.kind(), format!("fdatasync {}: {e}", self.path.display()))
@@ -219,6 +222,7 @@ mod tests {
         SyncTarget {
             file: file.clone(),
             path: Arc::new(path.to_path_buf()),
+            len: 0,
             uncache: Uncache {
                 below,
                 whole,

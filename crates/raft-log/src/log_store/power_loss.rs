@@ -15,7 +15,6 @@
 //! records would mean "nothing is durable" and wipe the log, when in truth nobody recorded
 //! anything (the switch was not set, or the binary was built without the `testing` feature).
 
-use std::fs::File;
 use std::io;
 use std::path::Path;
 
@@ -34,14 +33,11 @@ pub(super) fn note_tracking(log_dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// The length to record once `file` is synced, taken before the sync (so it is not more than the
-/// sync covered); None when tracking is off.
-pub(super) fn length_to_record(file: &File) -> io::Result<Option<u64>> {
-    if *TRACK_DURABLE {
-        Ok(Some(file.metadata()?.len()))
-    } else {
-        Ok(None)
-    }
+/// The length to record once a segment is synced: its length of records `len` when the sync was
+/// asked for (not its file's, which may be preallocated past them), so not more than the sync
+/// covered; None when tracking is off.
+pub(super) fn length_to_record(len: u64) -> Option<u64> {
+    TRACK_DURABLE.then_some(len)
 }
 
 /// Records `len` as the durable length of the segment at `segment`.

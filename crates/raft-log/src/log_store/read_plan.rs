@@ -146,7 +146,7 @@ mod tests {
 
     /// A segment file holding `[first, next)`.
     fn segment(dir: &Path, first: u64, next: u64) -> Segment {
-        let mut seg = Segment::create(dir, first).unwrap();
+        let mut seg = Segment::create(dir, first, 0).unwrap();
         let (mut buf, mut idx) = (Vec::new(), Vec::new());
         for i in first..next {
             idx.push((i, buf.len() as u64));

@@ -231,8 +231,11 @@ fn build() -> Option<M> {
         )
         .ok()?,
         send_seconds: Histogram::with_opts(
+            // Fine below 1 ms, where one send at a time lands (`bench produce --inflight 1`
+            // takes medians from these buckets).
             HistogramOpts::new("raftmq_send_seconds", "send latency until commit").buckets(vec![
-                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+                0.0002, 0.0003, 0.0004, 0.0005, 0.0006, 0.0007, 0.0008, 0.0009, 0.001, 0.0015,
+                0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
             ]),
         )
         .ok()?,

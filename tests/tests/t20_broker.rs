@@ -862,14 +862,18 @@ async fn t210_batches_to_many_topics_in_one_entry_read_back_everywhere() {
     check(&c, Some(leader), "after the leader's SIGKILL").await;
 }
 
-/// One send at a time: the leader folds each send's commit notice into the next send's append
-/// (`raftmq_raft_commit_notices_folded_total` grows), the hop histograms behind `bench produce
-/// --inflight 1` move on the leader and on both followers, and both followers still apply the
-/// last send, whose notice has no append to ride on, and hold every message.
+/// One send at a time with `raft.commit_notice_hold_us = 2000`: the leader folds each send's
+/// commit notice into the next send's append (`raftmq_raft_commit_notices_folded_total` grows),
+/// the hop histograms behind `bench produce --inflight 1` move on the leader and on both
+/// followers, and both followers still apply the last send, whose notice has no append to ride
+/// on, and hold every message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t211_one_at_a_time_commit_notices_ride_on_the_next_append_and_followers_apply_all() {
     const SENDS: u32 = 200;
-    let (c, leader) = start_with_topic(&[]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("node.toml");
+    std::fs::write(&conf, "[raft]\ncommit_notice_hold_us = 2000\n").unwrap();
+    let (c, leader) = start_with_topic(&["--config", conf.to_str().unwrap()]).await;
     let addr = |id: u64| c.nodes[&id].addr.clone();
     let count = |text: &str, name: &str| metric(text, name).unwrap_or(0.0);
     let before = metrics(&addr(leader)).await;

@@ -36,6 +36,8 @@ pub const CHECKPOINT_EVERY_ENTRIES_DEFAULT: u64 = 1024;
 pub const RESTART_IMAGE_BYTES_DEFAULT: u64 = 128 << 20;
 pub const CATCH_UP_BYTES_PER_SEC_BUSY_DEFAULT: u64 = 64 << 20;
 pub const APPEND_BYTES_MAX_DEFAULT: u64 = crate::log_store::APPEND_BYTES_MAX_DEFAULT;
+/// The longest `commit_notice_hold_us`: well under a heartbeat and an election timeout.
+pub const COMMIT_NOTICE_HOLD_US_MAX: u64 = 10_000;
 
 /// Knobs of the replicated log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +77,12 @@ pub struct RaftConfig {
     /// Send appends to a follower without waiting for the previous one's answer (one ordered
     /// gRPC stream per follower). Off: one AppendEntries RPC at a time.
     pub pipeline_appends: bool,
+    /// Microseconds a leader may hold a commit notice (an append carrying only a new commit
+    /// index) for the next append to carry instead (`raft_log::commit_notice`); at most
+    /// 10,000. 0 (the default): sent at once. 2,000 made one-at-a-time sends ~5 % faster on the
+    /// project's VMs, at the price of followers applying (and serving) up to that much later
+    /// whenever the producers pause.
+    pub commit_notice_hold_us: u64,
 }
 
 impl Default for RaftConfig {
@@ -95,6 +103,7 @@ impl Default for RaftConfig {
             checkpoint_every_entries: CHECKPOINT_EVERY_ENTRIES_DEFAULT,
             restart_image_bytes: RESTART_IMAGE_BYTES_DEFAULT,
             pipeline_appends: true,
+            commit_notice_hold_us: 0,
         }
     }
 }
@@ -120,6 +129,12 @@ impl RaftConfig {
                     "must exceed heartbeat_interval_ms ({})",
                     self.heartbeat_interval_ms
                 ),
+            );
+        }
+        if self.commit_notice_hold_us > COMMIT_NOTICE_HOLD_US_MAX {
+            return err(
+                "raft.commit_notice_hold_us",
+                format!("must be at most {COMMIT_NOTICE_HOLD_US_MAX} (10 ms)"),
             );
         }
         if self.election_timeout_ms_max <= self.election_timeout_ms_min {

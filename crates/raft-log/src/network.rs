@@ -71,6 +71,9 @@ pub struct NetworkFactory {
     routes: Arc<std::collections::BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<(NodeId, String), Channel>>>,
     pipeline: bool,
+    /// How long a commit notice may wait for an append to ride on (zero: not held); see
+    /// [`crate::commit_notice`].
+    commit_notice_hold: Duration,
     links: Arc<Mutex<Links>>,
     /// TLS toward peers (this node's certificate as the client's).
     tls: Option<Arc<raftmq_security::tls::Tls>>,
@@ -81,6 +84,7 @@ impl NetworkFactory {
         me: Identity,
         routes: std::collections::BTreeMap<NodeId, String>,
         pipeline: bool,
+        commit_notice_hold: Duration,
         tls: Option<Arc<raftmq_security::tls::Tls>>,
     ) -> NetworkFactory {
         NetworkFactory {
@@ -88,6 +92,7 @@ impl NetworkFactory {
             routes: Arc::new(routes),
             channels: Arc::new(Mutex::new(HashMap::new())),
             pipeline,
+            commit_notice_hold,
             links: Arc::default(),
             tls,
         }
@@ -145,6 +150,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             channel,
             pipeline: self.pipeline,
+            commit_notice_hold: self.commit_notice_hold,
             links: self.links.clone(),
         }
     }
@@ -155,6 +161,7 @@ pub struct PeerClient {
     target: NodeId,
     channel: Result<Channel, String>,
     pipeline: bool,
+    commit_notice_hold: Duration,
     links: Arc<Mutex<Links>>,
 }
 
@@ -356,10 +363,7 @@ impl PeerClient {
         // from it would take entries the new stream then never sends (the follower sees a gap,
         // and replication stalls until the dead stream is torn down).
         let (session_open, session_over) = tokio::sync::watch::channel(());
-        let input = crate::commit_notice::fold_commit_notices(
-            input,
-            crate::commit_notice::COMMIT_NOTICE_HOLD,
-        );
+        let input = crate::commit_notice::fold_commit_notices(input, self.commit_notice_hold);
         let requests = futures::stream::unfold(
             (input, session_over, header),
             move |(mut input, mut session_over, mut header)| {

@@ -149,6 +149,7 @@ impl<S: StateMachine> Member<S> {
             me.clone(),
             cfg.peer_routes.clone(),
             cfg.raft.pipeline_appends,
+            Duration::from_micros(cfg.raft.commit_notice_hold_us),
             cfg.tls.clone(),
         );
         let links = net.links();

@@ -332,19 +332,11 @@ pub async fn connect(addr: &str) -> BrokerServiceClient<Channel> {
     BrokerServiceClient::new(ch).max_decoding_message_size(64 << 20)
 }
 
-/// The body of `GET /metrics` from a node, over plain HTTP/1.1.
+/// The body of `GET /metrics` from a node, over plain HTTP/1.1 (empty when it cannot be read).
 pub async fn metrics(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return String::new();
-    };
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return String::new();
-    }
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
+    raftmq_cli::commands::bench_hops::metrics_text(addr)
+        .await
+        .unwrap_or_default()
 }
 
 /// The value of the first line of a `/metrics` page that starts with `line_start` (a metric's

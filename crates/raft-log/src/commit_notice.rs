@@ -8,10 +8,10 @@
 //! send, two of them commit notices written before the reply to the producer).
 //!
 //! With `raft.commit_notice_hold_us` above 0 (off by default), a notice is held that long at
-//! most. If the next append of the stream
-//! follows from the same point under the same vote, it carries a commit index at least as new, so
-//! the notice is dropped and the append goes alone; a newer notice replaces a held one. When the
-//! hold runs out (the producer paused) the notice goes out as it was. Nothing else is delayed: an
+//! most. If the next append of the stream follows from the same point under the same vote, it
+//! carries a commit index at least as new, so the notice is dropped and the append goes alone;
+//! a newer notice replaces a held one. When the hold runs out (the producer paused) the notice
+//! goes out as it was. Nothing else is delayed: an
 //! append with entries, and the first request of a stream (a probe, whose answer openraft waits
 //! for), go out at once.
 //!

@@ -111,8 +111,9 @@ pub(crate) fn parse(text: &str) -> NodeHistos {
     out
 }
 
-/// `GET /metrics` from a node's plaintext port; None when it cannot be read.
-pub(crate) async fn scrape(addr: &str) -> Option<NodeHistos> {
+/// The body of `GET /metrics` from a node's plaintext port (HTTP/1.1); None when it cannot be
+/// read within 5 s.
+pub async fn metrics_text(addr: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let read = async {
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -122,18 +123,18 @@ pub(crate) async fn scrape(addr: &str) -> Option<NodeHistos> {
         s.read_to_end(&mut out).await.ok()?;
         Some(String::from_utf8_lossy(&out).into_owned())
     };
-    let text = tokio::time::timeout(Duration::from_secs(5), read)
+    tokio::time::timeout(Duration::from_secs(5), read)
         .await
-        .ok()??;
-    Some(parse(&text))
+        .ok()
+        .flatten()
 }
 
 /// Every node's histograms, by node id.
 pub(crate) async fn scrape_all(nodes: &[(u64, String)]) -> BTreeMap<u64, NodeHistos> {
     let mut out = BTreeMap::new();
     for (id, addr) in nodes {
-        if let Some(h) = scrape(addr).await {
-            out.insert(*id, h);
+        if let Some(text) = metrics_text(addr).await {
+            out.insert(*id, parse(&text));
         }
     }
     out
@@ -143,7 +144,7 @@ pub(crate) async fn scrape_all(nodes: &[(u64, String)]) -> BTreeMap<u64, NodeHis
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Hops {
     pub leader: u64,
-    /// The follower whose replication round trip was the shorter (the one commits wait for).
+    /// Of the followers, the one whose appends took the less time (the one commits wait for).
     pub follower: u64,
     client: (f64, f64),
     send: (f64, f64),
@@ -159,8 +160,10 @@ fn pair(h: &Histo) -> Option<(f64, f64)> {
 
 /// Splits the run between `before` and `after`, given the client's mean and median round trip in
 /// microseconds. The leader is the node whose send histogram moved; the follower, of those whose
-/// append histogram moved, the one with the shorter round trip as the leader saw it (the leader
-/// keeps one replication histogram for both, so its round trip is the leader's mean over both).
+/// append histogram moved, the one whose appends took the less time. The leader keeps one
+/// replication histogram for both followers, so the round trip (and the network share taken from
+/// it) is its mean over both: more than the faster follower's alone, which is all a commit waits
+/// for.
 pub(crate) fn split(
     before: &BTreeMap<u64, NodeHistos>,
     after: &BTreeMap<u64, NodeHistos>,
@@ -224,7 +227,7 @@ impl Hops {
                 "handler - replication",
             ),
             (
-                "    replication round trip",
+                "    replication round trip (both followers)",
                 replicate.0,
                 Some(replicate.1),
                 "raftmq_raft_replicate_seconds",

@@ -166,12 +166,18 @@ fn complete(done: FlushDone, r: io::Result<()>) {
 /// The files of a round, each distinct file once, in the order the jobs name them.
 fn distinct_files(jobs: &[FlushJob]) -> Vec<&SyncTarget> {
     let mut seen: Vec<*const File> = Vec::new();
-    let mut out = Vec::new();
+    let mut out: Vec<&SyncTarget> = Vec::new();
     for t in jobs.iter().flat_map(|j| &j.files) {
         let p = Arc::as_ptr(&t.file);
-        if !seen.contains(&p) {
-            seen.push(p);
-            out.push(t);
+        match seen.iter().position(|s| *s == p) {
+            // The one fsync covers the file's later writes too: its target with the longest
+            // length (what the power-loss aid records as durable).
+            Some(i) if t.len > out[i].len => out[i] = t,
+            Some(_) => {}
+            None => {
+                seen.push(p);
+                out.push(t);
+            }
         }
     }
     out
@@ -285,6 +291,23 @@ mod tests {
             .map(|t| Arc::as_ptr(&t.file))
             .collect();
         assert_eq!(files, vec![Arc::as_ptr(&a), Arc::as_ptr(&b)]);
+    }
+
+    #[test]
+    fn t06_a_file_synced_once_for_several_appends_counts_its_longest_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let pa = dir.path().join("a");
+        let a = Arc::new(File::create(&pa).unwrap());
+        let at = |len| SyncTarget {
+            len,
+            ..target(&a, &pa, 0, false)
+        };
+        let (j1, _r1) = barrier_job(vec![at(100)]);
+        let (j2, _r2) = barrier_job(vec![at(250)]);
+        let (j3, _r3) = barrier_job(vec![at(180)]);
+        let jobs = vec![j1, j2, j3];
+        let lens: Vec<u64> = distinct_files(&jobs).iter().map(|t| t.len).collect();
+        assert_eq!(lens, vec![250]);
     }
 
     #[test]

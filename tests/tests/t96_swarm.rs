@@ -986,15 +986,23 @@ impl Producer {
     }
 
     /// Longest time without an acknowledgement within `[from, to]` (the edges count).
-    fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+    /// The longest time without an acknowledgement in `[from, to]`, and when it began.
+    fn longest_gap(&self, from: Instant, to: Instant) -> (Duration, Instant) {
         let acks = self.acks.lock().unwrap();
         let mut previous = from;
-        let mut longest = Duration::ZERO;
+        let mut longest = (Duration::ZERO, from);
         for (at, _) in acks.iter().filter(|(at, _)| *at >= from && *at <= to) {
-            longest = longest.max(at.saturating_duration_since(previous));
+            let gap = at.saturating_duration_since(previous);
+            if gap > longest.0 {
+                longest = (gap, previous);
+            }
             previous = *at;
         }
-        longest.max(to.saturating_duration_since(previous))
+        let tail = to.saturating_duration_since(previous);
+        if tail > longest.0 {
+            longest = (tail, previous);
+        }
+        longest
     }
 
     /// Stops the producer and returns every acknowledgement it printed.
@@ -1102,6 +1110,10 @@ impl Drop for StatusPoller {
 struct Step {
     name: String,
     gap: Duration,
+    /// When the longest gap began: seconds into the step, and the wall clock (UTC), to match it
+    /// against the nodes' logs.
+    gap_from: Duration,
+    gap_from_utc: String,
     polls: usize,
     failed_polls: usize,
     min_caught_up: Option<(usize, String)>,
@@ -1116,9 +1128,15 @@ fn step_row(
     to: Instant,
 ) -> Step {
     let (polls, failed_polls, min_caught_up) = poller.summary(from, to);
+    let (gap, gap_start) = producer.longest_gap(from, to);
+    let ago = Instant::now().saturating_duration_since(gap_start);
+    let gap_from_utc = chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now() - ago)
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     Step {
         name: name.to_owned(),
-        gap: producer.longest_gap(from, to),
+        gap,
+        gap_from: gap_start.saturating_duration_since(from),
+        gap_from_utc,
         polls,
         failed_polls,
         min_caught_up,
@@ -1128,14 +1146,15 @@ fn step_row(
 
 fn print_table(stack: &str, steps: &[Step]) {
     eprintln!(
-        "SWARM [{stack}] {:<22} {:>10} {:>17} {:>6} {:>12} {:>10}",
-        "step", "gap max ms", "caught-up min", "polls", "failed polls", "duration s"
+        "SWARM [{stack}] {:<22} {:>10} {:>11} {:>17} {:>6} {:>12} {:>10}",
+        "step", "gap max ms", "gap from s", "caught-up min", "polls", "failed polls", "duration s"
     );
     for s in steps {
         eprintln!(
-            "SWARM [{stack}] {:<22} {:>10} {:>17} {:>6} {:>12} {:>10.1}",
+            "SWARM [{stack}] {:<22} {:>10} {:>11.2} {:>17} {:>6} {:>12} {:>10.1}",
             s.name,
             s.gap.as_millis(),
+            s.gap_from.as_secs_f64(),
             s.min_caught_up
                 .as_ref()
                 .map_or("-".to_owned(), |(n, _)| n.to_string()),
@@ -1529,10 +1548,13 @@ fn roll_under_load(engine: &Engine, sc: &Scenario) {
     for s in steps.iter().filter(|s| s.name.starts_with("roll")) {
         assert!(
             s.gap <= GAP_MAX,
-            "{}: {} ms without an acknowledgement (at most {} ms)",
+            "{}: {} ms without an acknowledgement (at most {} ms), from {:.2} s into the step \
+             ({}; see the nodes' logs above)",
             s.name,
             s.gap.as_millis(),
-            GAP_MAX.as_millis()
+            GAP_MAX.as_millis(),
+            s.gap_from.as_secs_f64(),
+            s.gap_from_utc
         );
         let (n, view) = s
             .min_caught_up

@@ -83,3 +83,19 @@ pub(crate) fn note_commit_notice_folded() {
         c.inc();
     }
 }
+
+static INLINE_ROUNDS: LazyLock<Option<IntCounter>> = LazyLock::new(|| {
+    let c = IntCounter::new(
+        "raftmq_log_inline_flush_rounds_total",
+        "follower: lone appends made durable on the Raft task itself, without the flusher thread",
+    )
+    .ok()?;
+    prometheus::register(Box::new(c.clone())).ok()?;
+    Some(c)
+});
+
+pub(crate) fn note_inline_round() {
+    if let Some(c) = INLINE_ROUNDS.as_ref() {
+        c.inc();
+    }
+}

@@ -5,6 +5,10 @@
 //! before it. With [`FlushMode::UnsafeNoFsync`] a round syncs nothing unless it holds a barrier
 //! (a barrier always waits for the disk).
 //!
+//! A follower's lone append may run its round inline instead ([`Flusher::try_inline`]): on the
+//! calling task, when no round runs and nothing waits for the thread. One at a time, that saves
+//! the two thread hand-offs (to the flusher and back) on the path of every answer to the leader.
+//!
 //! On failure: if any fsync of a round fails, every job of that round completes with the error
 //! (openraft then stops the member: what was written may not be on disk). If the thread is gone,
 //! a submitted job completes at once with "log flusher stopped".
@@ -16,8 +20,9 @@
 use std::fs::File;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use openraft::storage::IOFlushed;
 
@@ -119,30 +124,96 @@ impl SyncTarget {
 #[derive(Clone)]
 pub(super) struct Flusher {
     tx: Arc<Mutex<mpsc::Sender<FlushJob>>>,
+    rounds: Arc<Rounds>,
+    mode: FlushMode,
+}
+
+/// What the thread and inline rounds share, so rounds never overlap and complete in order.
+struct Rounds {
+    /// Jobs submitted to the thread and not completed yet.
+    queued: AtomicUsize,
+    /// Held while a round runs, on the thread or inline.
+    running: Mutex<()>,
+    /// When the last round ended, in nanoseconds since `epoch`.
+    last_end_ns: AtomicU64,
+    epoch: Instant,
+}
+
+impl Rounds {
+    fn run(&self, jobs: Vec<FlushJob>, mode: FlushMode) {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let n = jobs.len();
+        run_round(jobs, mode);
+        self.note_end();
+        self.queued.fetch_sub(n, Ordering::SeqCst);
+    }
+
+    fn note_end(&self) {
+        let ns = self.epoch.elapsed().as_nanos() as u64;
+        self.last_end_ns.store(ns, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        Duration::from_nanos(now.saturating_sub(self.last_end_ns.load(Ordering::Relaxed)))
+    }
 }
 
 impl Flusher {
     pub(super) fn start(mode: FlushMode) -> Flusher {
         let (tx, rx) = mpsc::channel::<FlushJob>();
+        let rounds = Arc::new(Rounds {
+            queued: AtomicUsize::new(0),
+            running: Mutex::new(()),
+            last_end_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
+        let on_thread = rounds.clone();
         std::thread::Builder::new()
             .name("raft-log-flusher".into())
-            .spawn(move || flusher_loop(rx, mode))
+            .spawn(move || flusher_loop(rx, mode, &on_thread))
             .expect("spawn the log flusher thread");
         Flusher {
             tx: Arc::new(Mutex::new(tx)),
+            rounds,
+            mode,
         }
     }
 
     /// Queues a job; it completes (with an error if the thread is gone) on the flusher thread.
     pub(super) fn submit(&self, job: FlushJob) {
+        self.rounds.queued.fetch_add(1, Ordering::SeqCst);
         let sent = self.tx.lock().map(|tx| tx.send(job));
         if let Ok(Err(mpsc::SendError(job))) = sent {
+            self.rounds.queued.fetch_sub(1, Ordering::SeqCst);
             complete(job.done, Err(io::Error::other("log flusher stopped")));
         }
     }
 
+    /// Runs `job`'s round here, blocking the caller for its fsync, when the flusher is idle: no
+    /// round running, nothing queued for the thread, and the last round ended at least
+    /// `idle_min` ago (appends arriving back to back go to the thread, where one fsync covers
+    /// several). Order holds: every earlier job has completed, and a later one waits for this
+    /// round. Otherwise hands the job back.
+    pub(super) fn try_inline(&self, job: FlushJob, idle_min: Duration) -> Result<(), FlushJob> {
+        let r = &self.rounds;
+        if r.queued.load(Ordering::SeqCst) != 0 || r.idle_for() < idle_min {
+            return Err(job);
+        }
+        let Ok(_running) = r.running.try_lock() else {
+            return Err(job);
+        };
+        if r.queued.load(Ordering::SeqCst) != 0 {
+            return Err(job);
+        }
+        run_round(vec![job], self.mode);
+        r.note_end();
+        crate::metrics::note_inline_round();
+        Ok(())
+    }
+
     /// Blocks until every job submitted before it (and `files`) is on disk. Call it off the async
-    /// runtime's worker threads.
+    /// runtime's workers.
     pub(super) fn barrier(&self, files: Vec<SyncTarget>) -> io::Result<()> {
         let (tx, rx) = mpsc::channel();
         self.submit(FlushJob {
@@ -209,13 +280,13 @@ fn run_round(jobs: Vec<FlushJob>, mode: FlushMode) {
     }
 }
 
-fn flusher_loop(rx: mpsc::Receiver<FlushJob>, mode: FlushMode) {
+fn flusher_loop(rx: mpsc::Receiver<FlushJob>, mode: FlushMode, rounds: &Rounds) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         while let Ok(j) = rx.try_recv() {
             jobs.push(j);
         }
-        run_round(jobs, mode);
+        rounds.run(jobs, mode);
     }
 }
 
@@ -348,10 +419,44 @@ mod tests {
     fn t05_a_stopped_flusher_fails_every_job() {
         let (tx, rx) = mpsc::channel::<FlushJob>();
         drop(rx);
-        let flusher = Flusher {
-            tx: Arc::new(Mutex::new(tx)),
-        };
+        let mut flusher = Flusher::start(FlushMode::Fsync);
+        flusher.tx = Arc::new(Mutex::new(tx));
         let err = flusher.barrier(Vec::new()).unwrap_err();
         assert!(err.to_string().contains("log flusher stopped"), "{err}");
+    }
+
+    #[test]
+    fn t07_a_lone_job_runs_inline_only_while_the_flusher_is_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let pa = dir.path().join("a");
+        let a = Arc::new(File::create(&pa).unwrap());
+        let flusher = Flusher::start(FlushMode::Fsync);
+        let hour = Duration::from_secs(3600);
+        // The last round ended less than the idle time ago: handed back, not completed.
+        let (job, rx) = barrier_job(vec![target(&a, &pa, 0, false)]);
+        let job = flusher.try_inline(job, hour).unwrap_err();
+        assert!(rx.try_recv().is_err());
+        // Idle: completed here, before the call returns.
+        assert!(flusher.try_inline(job, Duration::ZERO).is_ok());
+        assert!(rx.try_recv().unwrap().is_ok());
+        // A job waits for the thread: handed back (it must complete first).
+        flusher.rounds.queued.fetch_add(1, Ordering::SeqCst);
+        let (job, rx) = barrier_job(vec![target(&a, &pa, 0, false)]);
+        let job = flusher.try_inline(job, Duration::ZERO).unwrap_err();
+        flusher.rounds.queued.fetch_sub(1, Ordering::SeqCst);
+        // A round runs: handed back.
+        let running = flusher.rounds.running.lock().unwrap();
+        let job = flusher.try_inline(job, Duration::ZERO).unwrap_err();
+        drop(running);
+        assert!(rx.try_recv().is_err());
+        // Through the thread it completes as before, and the count of queued jobs returns to 0.
+        flusher.submit(job);
+        assert!(rx.recv().unwrap().is_ok());
+        // (The thread counts a round's jobs off just after completing them.)
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while flusher.rounds.queued.load(Ordering::SeqCst) != 0 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(flusher.rounds.queued.load(Ordering::SeqCst), 0);
     }
 }

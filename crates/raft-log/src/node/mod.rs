@@ -111,6 +111,7 @@ impl<S: StateMachine> Member<S> {
         if recovery.truncated_bytes > 0 || recovery.dropped_segments > 0 {
             tracing::warn!(?recovery, "log recovery cut damaged or unsynced records");
         }
+        store.set_own_id(cfg.node_id);
         store.set_append_bytes_max(cfg.raft.append_bytes_max);
         store.set_catch_up_bytes_per_sec_busy(cfg.raft.catch_up_bytes_per_sec_busy);
         let reader = store.reader();

@@ -746,25 +746,54 @@ impl Stack {
     }
 }
 
+/// Whether a node's log line tells of leadership: a hand-over, an election, a stop.
+fn is_leadership_event(line: &str) -> bool {
+    [
+        "leadership",
+        "handing",
+        "stopping",
+        "election",
+        "vote",
+        "catching up",
+        "caught up",
+        "listening on",
+    ]
+    .iter()
+    .any(|k| line.contains(k))
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            let mut events: Vec<String> = Vec::new();
             for svc in ["a1", "a2", "a3"] {
                 let logs = docker(&[
                     "service",
                     "logs",
                     "--no-trunc",
-                    "--tail",
-                    "40",
+                    "--timestamps",
                     &self.service(svc),
                 ]);
+                let all = format!("{}{}", logs.stdout, logs.stderr);
                 eprintln!(
-                    "[{}] test failed; last logs of {svc}:\n{}{}",
+                    "[{}] test failed; last logs of {svc}:\n{}",
                     self.name,
-                    tail(&logs.stdout, 40),
-                    tail(&logs.stderr, 40)
+                    tail(&all, 40)
                 );
+                events.extend(all.lines().filter(|l| is_leadership_event(l)).map(|l| {
+                    // "<timestamp> <task>@<host> | <line>": the time first, then the service.
+                    let (at, rest) = l.split_once(' ').unwrap_or(("", l));
+                    let line = rest.split_once("| ").map_or(rest, |(_, line)| line);
+                    format!("{at} {svc} {line}")
+                }));
             }
+            // Last, so it survives a report that keeps only the end: who led when, every task.
+            events.sort();
+            eprintln!(
+                "[{}] leadership events of every task, by time:\n{}",
+                self.name,
+                tail(&events.join("\n"), 60)
+            );
         }
         let extra: Vec<String> = self.extra.lock().map(|e| e.clone()).unwrap_or_default();
         let left = remove_stack(&self.name, &extra);

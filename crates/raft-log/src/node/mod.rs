@@ -589,7 +589,12 @@ fn spawn_status_task<S: StateMachine>(task: StatusTask<S>) {
                 raft.runtime_config().elect(allowed);
             }
             let leadership = (st.role, st.term);
-            leadership_tx.send_if_modified(|cur| std::mem::replace(cur, leadership) != leadership);
+            if leadership_tx
+                .send_if_modified(|cur| std::mem::replace(cur, leadership) != leadership)
+            {
+                // Who led when, in every node's log: what a rolling restart's report lines up.
+                tracing::info!(role = ?st.role, term = st.term, leader = ?st.leader, "leadership changed");
+            }
             tx.send_if_modified(|cur| {
                 if *cur != st {
                     *cur = st;

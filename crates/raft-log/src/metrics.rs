@@ -68,34 +68,36 @@ pub(crate) fn observe_replicate(d: Duration) {
     observe(&REPLICATE_SECONDS, d);
 }
 
-static COMMIT_NOTICES_FOLDED: LazyLock<Option<IntCounter>> = LazyLock::new(|| {
-    let c = IntCounter::new(
-        "raftmq_raft_commit_notices_folded_total",
-        "leader: entry-less commit notices dropped because the next append carried their commit",
-    )
-    .ok()?;
+fn counter(name: &str, help: &str) -> Option<IntCounter> {
+    let c = IntCounter::new(name, help).ok()?;
     prometheus::register(Box::new(c.clone())).ok()?;
     Some(c)
-});
+}
 
-pub(crate) fn note_commit_notice_folded() {
-    if let Some(c) = COMMIT_NOTICES_FOLDED.as_ref() {
+fn inc(c: &LazyLock<Option<IntCounter>>) {
+    if let Some(c) = c.as_ref() {
         c.inc();
     }
 }
 
+static COMMIT_NOTICES_FOLDED: LazyLock<Option<IntCounter>> = LazyLock::new(|| {
+    counter(
+        "raftmq_raft_commit_notices_folded_total",
+        "leader: entry-less commit notices dropped because the next append carried their commit",
+    )
+});
+
+pub(crate) fn note_commit_notice_folded() {
+    inc(&COMMIT_NOTICES_FOLDED);
+}
+
 static INLINE_ROUNDS: LazyLock<Option<IntCounter>> = LazyLock::new(|| {
-    let c = IntCounter::new(
+    counter(
         "raftmq_log_inline_flush_rounds_total",
         "follower: lone appends made durable on the Raft task itself, without the flusher thread",
     )
-    .ok()?;
-    prometheus::register(Box::new(c.clone())).ok()?;
-    Some(c)
 });
 
 pub(crate) fn note_inline_round() {
-    if let Some(c) = INLINE_ROUNDS.as_ref() {
-        c.inc();
-    }
+    inc(&INLINE_ROUNDS);
 }

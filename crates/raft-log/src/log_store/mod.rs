@@ -519,7 +519,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map(|e| payload_len_hint(&e.payload) as u64)
             .sum();
         let own = self.own_id.load(Ordering::Relaxed);
-        let followed = own != 0
+        // A follower's small append (entries another leader proposed) may flush inline.
+        let may_inline = own != 0
             && bytes <= INLINE_FLUSH_BYTES_MAX
             && entries
                 .first()
@@ -531,9 +532,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     files,
                     done: FlushDone::Raft(callback),
                 };
-                let job = match followed {
-                    true => self.flusher.try_inline(job, INLINE_FLUSH_IDLE_MIN).err(),
-                    false => Some(job),
+                let job = if may_inline {
+                    self.flusher.try_inline(job, INLINE_FLUSH_IDLE_MIN).err()
+                } else {
+                    Some(job)
                 };
                 if let Some(job) = job {
                     self.flusher.submit(job);

@@ -17,10 +17,16 @@
 //!
 //! Every stage also runs the ones before it that make its input, with `none` making them all
 //! without the stage itself: `scripts/instructions` subtracts.
+//!
+//! Two more stages measure a producer spread over many queues, as `bench produce --topics 1000`
+//! is: `spread` applies `SendMany` entries of 64 parts, one message each, to 64 consecutive
+//! queues of 1,000 topics × 8 queues (each queue its own producer window, its sequence rising),
+//! after a first round over every queue; `spread-none` makes the same first round and builds the
+//! counted entries without applying them.
 
 use bytes::Bytes;
 use prost::Message as _;
-use raftmq_broker_node::command::Command;
+use raftmq_broker_node::command::{Command, SendPart};
 use raftmq_broker_node::config::Limits;
 use raftmq_broker_node::service::reads::run_messages;
 use raftmq_broker_node::service::send::{stored_bodies, validate_send};
@@ -55,13 +61,77 @@ fn request(batch: u64) -> SendRequest {
     }
 }
 
+/// Topics and queues of the `spread` stages.
+const SPREAD_TOPICS: u64 = 1000;
+const SPREAD_QUEUES: u64 = 8;
+
+/// The `spread` stages: `apply` false builds the entries only.
+fn spread(batches: u64, apply: bool) -> usize {
+    let mut state = BrokerState::default();
+    for t in 0..SPREAD_TOPICS {
+        state.apply(
+            t + 1,
+            1,
+            &Command::CreateTopic {
+                name: format!("bench-{t}"),
+                queues: SPREAD_QUEUES as u32,
+                update: false,
+            }
+            .encode(),
+        );
+    }
+    let lanes = SPREAD_TOPICS * SPREAD_QUEUES;
+    // A first round over every queue opens their producer windows (set-up, at every count).
+    let warm_up = lanes / BATCH as u64;
+    let mut sink = 0usize;
+    for b in 0..warm_up + batches {
+        let index = SPREAD_TOPICS + 1 + b;
+        let parts = (0..BATCH as u64)
+            .map(|i| {
+                let lane = (b * BATCH as u64 + i) % lanes;
+                SendPart {
+                    topic: format!("bench-{}", lane / SPREAD_QUEUES),
+                    queue: (lane % SPREAD_QUEUES) as u32,
+                    producer_id: lane + 1,
+                    sequence: b * BATCH as u64 / lanes + 1,
+                    count: 1,
+                }
+            })
+            .collect();
+        let payload = Command::SendMany {
+            timestamp_ms: 1_700_000_000_000 + b,
+            parts,
+            messages: stored_bodies(request(b).messages),
+        }
+        .encode();
+        sink += if apply || b < warm_up {
+            state.apply(index, 1, &payload).len()
+        } else {
+            payload.len()
+        };
+    }
+    sink
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let stage = args.next().unwrap_or_default();
     let batches: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(100);
+    if let Some(apply) = match stage.as_str() {
+        "spread" => Some(true),
+        "spread-none" => Some(false),
+        _ => None,
+    } {
+        let sink = spread(batches, apply);
+        println!("{stage} {batches} batches: {sink} bytes");
+        return;
+    }
     let order = ["none", "encode", "decode", "append", "apply", "pull"];
     let Some(upto) = order.iter().position(|s| *s == stage) else {
-        eprintln!("usage: hot_paths <{}> <batches>", order.join("|"));
+        eprintln!(
+            "usage: hot_paths <{}|spread-none|spread> <batches>",
+            order.join("|")
+        );
         std::process::exit(2);
     };
     let limits = Limits::default();

@@ -48,6 +48,11 @@ pub const BROKER_STATE_FORMAT_VERSION: u32 = 5;
 
 /// How many recent batches per producer are remembered for de-duplication.
 pub const PRODUCER_WINDOW: usize = 256;
+/// The producer windows by producer id. foldhash rather than SipHash: every stored batch looks
+/// its window up twice (a producer over 8,000 queues has a window per queue), and the map is
+/// encoded in snapshots as its pairs, whatever the hasher.
+type Producers = HashMap<u64, ProducerWindow, foldhash::fast::RandomState>;
+
 /// How many producers are remembered (least recently used are forgotten first).
 pub const PRODUCERS_MAX: usize = 10_000;
 
@@ -409,7 +414,7 @@ pub struct BrokerState {
     pub topics: BTreeMap<String, TopicState>,
     /// (group, topic, queue) → next offset to consume.
     pub offsets: BTreeMap<(String, String, u32), u64>,
-    producers: HashMap<u64, ProducerWindow>,
+    producers: Producers,
     pub last_applied: u64,
     /// Bumped on every topic change, so registration can tell.
     pub topic_version: u64,
@@ -440,9 +445,12 @@ pub struct BrokerState {
     #[serde(skip)]
     pub users: BTreeMap<String, raftmq_security::acl::User>,
     /// The producers by (last index, id): which one was idle the longest, for the forgetting
-    /// `remember` does. Not in snapshots: rebuilt from `producers` at restore.
+    /// `remember` does. Kept only from the first time the windows reach [`PRODUCERS_MAX`], when
+    /// it is built from `producers` (what it holds is a function of the windows alone, so every
+    /// replica builds the same): below the cap nothing is forgotten, and keeping it cost every
+    /// stored batch a remove and an insert. Not in snapshots: a restore starts untracked.
     #[serde(skip)]
-    producers_idle: BTreeSet<(u64, u64)>,
+    producers_idle: Option<BTreeSet<(u64, u64)>>,
 }
 
 /// The offset a producer window or the id record holds for a message that waits in the timer (it
@@ -480,7 +488,7 @@ pub fn parse_origin(v: &str) -> Option<(u64, u32)> {
 struct BrokerStateV1 {
     topics: BTreeMap<String, TopicState>,
     offsets: BTreeMap<(String, String, u32), u64>,
-    producers: HashMap<u64, ProducerWindow>,
+    producers: Producers,
     last_applied: u64,
     topic_version: u64,
     messages_total: u64,
@@ -504,8 +512,7 @@ impl From<BrokerStateV1> for BrokerState {
             offset_times: BTreeMap::new(),
             users: BTreeMap::new(),
             timer: Timer::default(),
-            // Rebuilt by `restore`.
-            producers_idle: BTreeSet::new(),
+            producers_idle: None,
         }
     }
 }
@@ -1336,13 +1343,22 @@ impl BrokerState {
             // Forget the producer idle the longest; deterministic since ties break by id. (A
             // producer spreading over thousands of queues has a window per lane: a scan of every
             // window here, per new one, cost a leader more than the sends.)
-            if let Some((_, old)) = self.producers_idle.pop_first() {
+            let producers = &self.producers;
+            let idle = self.producers_idle.get_or_insert_with(|| {
+                producers
+                    .iter()
+                    .map(|(id, w)| (w.last_index, *id))
+                    .collect()
+            });
+            if let Some((_, old)) = idle.pop_first() {
                 self.producers.remove(&old);
             }
         }
         let w = self.producers.entry(producer_id).or_default();
-        self.producers_idle.remove(&(w.last_index, producer_id));
-        self.producers_idle.insert((index, producer_id));
+        if let Some(idle) = &mut self.producers_idle {
+            idle.remove(&(w.last_index, producer_id));
+            idle.insert((index, producer_id));
+        }
         w.last_index = index;
         w.max_sequence = w.max_sequence.max(rec.0);
         w.recent.push_back(rec);
@@ -1415,11 +1431,7 @@ impl raftmq_raft_log::StateMachine for BrokerState {
             s
         };
         s.topic_version += 1;
-        s.producers_idle = s
-            .producers
-            .iter()
-            .map(|(id, w)| (w.last_index, *id))
-            .collect();
+        s.producers_idle = None;
         for w in s.producers.values_mut() {
             w.max_sequence = w.recent.iter().map(|r| r.0).max().unwrap_or(0);
         }
@@ -2453,7 +2465,8 @@ mod send_many_tests {
     }
 
     /// 4. Past `PRODUCERS_MAX` windows the one idle the longest is forgotten (the lowest id among
-    ///    equals), the same after a snapshot is restored.
+    ///    equals), the same after a snapshot is restored, and the same again once the idle order
+    ///    is kept (it is built when the windows first reach the cap).
     #[test]
     fn t4_the_producer_idle_the_longest_is_forgotten_first() {
         let (mut st, _) = state();
@@ -2484,6 +2497,13 @@ mod send_many_tests {
                 matches!(&again, Reply::SentMany(r) if matches!(r[0].0, Reply::Sent { duplicate: true, .. })),
                 "{again:?}"
             );
+            // From the cap on, the idle order is kept batch by batch: producer 3 sends again, so
+            // the next new one forgets producer 4, not 3.
+            send(st, 20_003, 3, 2);
+            send(st, 20_004, 1_000_001, 1);
+            assert!(st.producers.contains_key(&3));
+            assert!(!st.producers.contains_key(&4));
+            assert!(st.producers.contains_key(&5));
         }
     }
 

@@ -32,7 +32,13 @@
 //! key, which may go to any group of the topic, is held to the strictest of them. Batches are
 //! closed at the smaller of this producer's limits and the group's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
+
+/// The batcher's maps, keyed by this producer's own topics and queues: hashed with foldhash
+/// rather than SipHash, whose cost dominated a producer spreading over a thousand topics
+/// (every message looks up its topic, queue and lane several times).
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = StdHashSet<K, foldhash::fast::RandomState>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -440,7 +446,7 @@ struct Batcher {
     idempotence: HashMap<Lane, (u64, u64)>,
     open: HashMap<BatchKey, OpenBatch>,
     /// Lanes with a batch in flight.
-    busy: HashSet<Lane>,
+    busy: Busy,
     inflight: usize,
     /// Batches in flight per broker group.
     broker_inflight: HashMap<String, usize>,
@@ -462,14 +468,14 @@ impl Batcher {
             done_rx,
             router,
             config,
-            idempotence: HashMap::new(),
-            open: HashMap::new(),
-            busy: HashSet::new(),
+            idempotence: HashMap::default(),
+            open: HashMap::default(),
+            busy: Busy::default(),
             inflight: 0,
-            broker_inflight: HashMap::new(),
-            selectors: HashMap::new(),
-            routes: HashMap::new(),
-            brokers: HashSet::new(),
+            broker_inflight: HashMap::default(),
+            selectors: HashMap::default(),
+            routes: HashMap::default(),
+            brokers: HashSet::default(),
         };
         (batcher, tx)
     }
@@ -618,7 +624,7 @@ impl Batcher {
         keys.sort_by_key(|(t, _)| *t);
         // The calls this round opens; per broker group, the one still taking parts.
         let mut calls: Vec<Call> = Vec::new();
-        let mut taking: HashMap<String, usize> = HashMap::new();
+        let mut taking: HashMap<String, usize> = HashMap::default();
         for (_, key) in keys {
             self.fail_expired(&key);
             let Some(first_bytes) = self
@@ -632,7 +638,7 @@ impl Batcher {
             let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
             // Groups whose open call takes this batch's first message.
             let joinable: HashSet<String> = if taking.is_empty() {
-                HashSet::new()
+                HashSet::default()
             } else {
                 taking
                     .iter()
@@ -646,7 +652,7 @@ impl Batcher {
                     let lane = (key.0.clone(), q.clone(), KEYED_LANE);
                     let can = joinable.contains(&q.broker)
                         || (may_open && self.broker_has_room(&q.broker));
-                    if self.busy.contains(&lane) || !can {
+                    if self.busy.contains(&lane.0, &lane.1, lane.2) || !can {
                         continue;
                     }
                     lane
@@ -686,7 +692,7 @@ impl Batcher {
                     calls.len() - 1
                 }
             };
-            self.busy.insert(lane.clone());
+            self.busy.insert(&lane);
             let ids = self
                 .idempotence
                 .entry(lane.clone())
@@ -766,8 +772,11 @@ impl Batcher {
         // used only while the ones before are busy, so a producer spreading over thousands of
         // queues keeps one producer window per queue on the broker, not one per lane (a broker
         // remembers a bounded number of them).
-        let free_lane = |q: usize| (1..=lanes).find(|&l| !busy.contains(&lane_of(q, l)));
-        let sel = self.selectors.entry(topic.to_string()).or_default();
+        let free_lane = |q: usize| (1..=lanes).find(|&l| !busy.contains(topic, &queues[q], l));
+        let sel = match self.selectors.get_mut(topic) {
+            Some(sel) => sel,
+            None => self.selectors.entry(topic.to_string()).or_default(),
+        };
         let q = sel.next_round_robin(n, |q| {
             let broker = &queues[q].broker;
             (joinable.contains(broker)
@@ -801,6 +810,61 @@ impl Batcher {
             self.open.remove(key);
         }
         (!batch.is_empty()).then_some(batch)
+    }
+}
+
+/// The lanes with a batch in flight, by topic and queue, so that a lookup needs no lane built
+/// (a producer over thousands of queues probes many lanes per message).
+#[derive(Default)]
+struct Busy(HashMap<String, HashMap<QueueId, Vec<usize>>>);
+
+impl Busy {
+    fn contains(&self, topic: &str, queue: &QueueId, lane: usize) -> bool {
+        self.0
+            .get(topic)
+            .and_then(|queues| queues.get(queue))
+            .is_some_and(|lanes| lanes.contains(&lane))
+    }
+
+    fn insert(&mut self, (topic, queue, lane): &Lane) {
+        let queues = match self.0.get_mut(topic.as_str()) {
+            Some(queues) => queues,
+            None => self.0.entry(topic.clone()).or_default(),
+        };
+        let lanes = match queues.get_mut(queue) {
+            Some(lanes) => lanes,
+            None => queues.entry(queue.clone()).or_default(),
+        };
+        if !lanes.contains(lane) {
+            lanes.push(*lane);
+        }
+    }
+
+    /// Frees a lane (its topic's and queue's entries stay, for the next batch).
+    fn remove(&mut self, (topic, queue, lane): &Lane) {
+        if let Some(lanes) = self
+            .0
+            .get_mut(topic.as_str())
+            .and_then(|q| q.get_mut(queue))
+        {
+            lanes.retain(|l| l != lane);
+        }
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = Lane> + '_ {
+        self.0.iter().flat_map(|(topic, queues)| {
+            queues.iter().flat_map(move |(queue, lanes)| {
+                lanes
+                    .iter()
+                    .map(move |l| (topic.clone(), queue.clone(), *l))
+            })
+        })
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.iter().count()
     }
 }
 
@@ -1100,12 +1164,7 @@ mod tests {
         );
 
         // A batch to broker-b finishes: exactly one more goes there, none to the full broker-a.
-        let lane = b
-            .busy
-            .iter()
-            .find(|l| l.1.broker == "broker-b")
-            .cloned()
-            .unwrap();
+        let lane = b.busy.iter().find(|l| l.1.broker == "broker-b").unwrap();
         b.finish(("broker-b".into(), vec![lane]));
         dispatch_until_stable(&mut b);
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));

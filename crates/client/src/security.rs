@@ -31,6 +31,7 @@
 
 use std::sync::Arc;
 
+use raftmq_proto::eager_end::EagerEnd;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
@@ -41,8 +42,9 @@ pub use raftmq_security::tls::{Tls, TlsError, TlsFiles};
 
 /// A channel whose every request passes through the [`Signer`] of a [`ClientSecurity`] (signed
 /// when it has credentials, unchanged otherwise). Generated gRPC clients take it as their
-/// transport: `BrokerServiceClient<Conn>`.
-pub type Conn = InterceptedService<Channel, Signer>;
+/// transport: `BrokerServiceClient<Conn>`. Under the signer, [`EagerEnd`] ends each unary request
+/// with its message's frame (one write fewer per call).
+pub type Conn = InterceptedService<EagerEnd<Channel>, Signer>;
 
 /// TLS and credentials for every connection a client makes. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -138,7 +140,7 @@ impl ClientSecurity {
 
     /// `channel` with every request passed through [`Self::signer`].
     pub fn intercept(&self, channel: Channel) -> Conn {
-        InterceptedService::new(channel, self.signer())
+        InterceptedService::new(EagerEnd(channel), self.signer())
     }
 
     /// A lazily connected, signing channel to `address` with tonic's default tuning, for calls

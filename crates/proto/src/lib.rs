@@ -3,10 +3,12 @@
 //! - [`v1`]: messages and the client/server stubs of `BrokerService`, `AdminService`,
 //!   `NameserverService` and `RaftPeerService`.
 //! - [`codec`]: the prost codec the stubs use, which sizes its encode buffer up front.
+//! - [`eager_end`]: a client channel whose unary requests go out without a trailing empty frame.
 //! - [`limits`]: the contract's limits (name rule, queue cap, message limits) and how they relate.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
 
 pub mod codec;
+pub mod eager_end;
 pub mod limits;
 
 /// Package `raftmq.v1`.

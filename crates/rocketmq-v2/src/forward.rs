@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use raftmq_proto::eager_end::EagerEnd;
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use raftmq_proto::v1::broker_service_server::BrokerService;
 use raftmq_proto::v1::nameserver_service_client::NameserverServiceClient;
@@ -25,8 +26,9 @@ use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
-/// A channel to another node or a nameserver whose every request this node signs (with auth on).
-pub type Conn = InterceptedService<Channel, Signer>;
+/// A channel to another node or a nameserver whose every request this node signs (with auth on),
+/// each unary request ending with its message's frame ([`EagerEnd`]).
+pub type Conn = InterceptedService<EagerEnd<Channel>, Signer>;
 use tonic::{Request, Response, Status};
 
 use crate::codes::Error;
@@ -162,7 +164,8 @@ impl Pool {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        let channel = InterceptedService::new(endpoint.connect_lazy(), self.signer.clone());
+        let channel =
+            InterceptedService::new(EagerEnd(endpoint.connect_lazy()), self.signer.clone());
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
     }

@@ -3,11 +3,11 @@
 //! tonic encodes a request as a stream that learns it is done only when polled once more after
 //! its one message. hyper asks the body whether it has ended right after taking each frame, so
 //! a unary call went out as three writes: the headers, the message's DATA frame, and an empty
-//! DATA frame to end the stream (strace of a producer one send at a time: 3 `writev` per send,
-//! each waking the leader's connection task). [`EagerEnd`] looks one frame ahead as it hands a
-//! frame over, so the message's frame is the one that ends the stream and the empty one is never
-//! sent. Streaming calls pass through unchanged in content and order: the frame looked ahead at
-//! is handed over next, and a body not yet ready is simply polled again.
+//! DATA frame to end the stream (strace of a producer one send at a time: 3 `writev` per send).
+//! [`EagerEnd`] looks one frame ahead as it hands a frame over, so the message's frame is the
+//! one that ends the stream and the empty one is never sent (2 `writev` per send). Streaming
+//! calls pass through unchanged in content and order: the frame looked ahead at is handed over
+//! next, and a body not yet ready is simply polled again.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};

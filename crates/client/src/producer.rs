@@ -33,12 +33,6 @@
 //! closed at the smaller of this producer's limits and the group's.
 
 use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
-
-/// The batcher's maps, keyed by this producer's own topics and queues: hashed with foldhash
-/// rather than SipHash, whose cost dominated a producer spreading over a thousand topics
-/// (every message looks up its topic, queue and lane several times).
-type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
-type HashSet<K> = StdHashSet<K, foldhash::fast::RandomState>;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +49,12 @@ use crate::nameserver::{TopicRoute, parse_nameservers};
 use crate::queue::{QueueId, QueueSelector, queue_for_key};
 use crate::router::{RetryPolicy, Router};
 use crate::security::ClientSecurity;
+
+/// The batcher's maps, keyed by this producer's own topics and queues: hashed with foldhash
+/// rather than SipHash, whose cost dominated a producer spreading over a thousand topics
+/// (every message looks up its topic, queue and lane several times).
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = StdHashSet<K, foldhash::fast::RandomState>;
 
 /// The contract's default send limits (`raftmq_proto::limits`): what a broker group enforces
 /// unless configured otherwise, and what the producer checks against until it knows the group's.
@@ -773,10 +773,7 @@ impl Batcher {
         // queues keeps one producer window per queue on the broker, not one per lane (a broker
         // remembers a bounded number of them).
         let free_lane = |q: usize| (1..=lanes).find(|&l| !busy.contains(topic, &queues[q], l));
-        let sel = match self.selectors.get_mut(topic) {
-            Some(sel) => sel,
-            None => self.selectors.entry(topic.to_string()).or_default(),
-        };
+        let sel = slot(&mut self.selectors, topic);
         let q = sel.next_round_robin(n, |q| {
             let broker = &queues[q].broker;
             (joinable.contains(broker)
@@ -827,14 +824,7 @@ impl Busy {
     }
 
     fn insert(&mut self, (topic, queue, lane): &Lane) {
-        let queues = match self.0.get_mut(topic.as_str()) {
-            Some(queues) => queues,
-            None => self.0.entry(topic.clone()).or_default(),
-        };
-        let lanes = match queues.get_mut(queue) {
-            Some(lanes) => lanes,
-            None => queues.entry(queue.clone()).or_default(),
-        };
+        let lanes = slot(slot(&mut self.0, topic.as_str()), queue);
         if !lanes.contains(lane) {
             lanes.push(*lane);
         }
@@ -866,6 +856,21 @@ impl Busy {
     fn len(&self) -> usize {
         self.iter().count()
     }
+}
+
+/// The value of `key` in `map`, made (default) on first use; the key is copied only then.
+fn slot<'m, K, Q, V>(map: &'m mut HashMap<K, V>, key: &Q) -> &'m mut V
+where
+    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+    Q: ToOwned<Owned = K> + std::hash::Hash + Eq + ?Sized,
+    V: Default,
+{
+    // Two lookups on a hit: returning `get_mut`'s borrow on one branch and inserting on the
+    // other is what today's borrow checker refuses.
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 /// Whether `broker` has fewer than `max` batches in flight.

@@ -387,6 +387,24 @@ fn check_message(m: &Message, limits: &SendLimits) -> Result<()> {
     Ok(())
 }
 
+/// Most messages and bytes of one batch for `target` (`None`: any of the topic's groups): the
+/// smaller of this producer's limits and the group's ([`target_limits`]).
+fn batch_limits(
+    config: &ProducerConfig,
+    route: &TopicRoute,
+    target: Option<&QueueId>,
+) -> (usize, usize) {
+    capped(config, target_limits(route, target))
+}
+
+/// The smaller of this producer's batch limits and a group's.
+fn capped(config: &ProducerConfig, group: SendLimits) -> (usize, usize) {
+    (
+        config.batch_messages_max.min(group.batch_messages_max),
+        config.batch_bytes_max.min(group.batch_bytes_max),
+    )
+}
+
 /// The limits a message for `target` must meet: its group's; for "any queue", the strictest of
 /// the topic's groups, since the batcher may send it to any of them.
 fn target_limits(route: &TopicRoute, target: Option<&QueueId>) -> SendLimits {
@@ -419,7 +437,9 @@ struct Pending {
     reply: oneshot::Sender<Result<SendReceipt>>,
 }
 
-type BatchKey = (String, Option<QueueId>);
+/// An open batch's topic (shared with the batcher's route entry, so a key is cheap to copy)
+/// and its keyed queue, or `None` for "any queue".
+type BatchKey = (Arc<str>, Option<QueueId>);
 
 /// A stream of batches to one queue with at most one batch in flight, its own producer id and
 /// sequences: (topic, queue, lane). Keyed messages use lane 0 only; messages without a key use
@@ -431,7 +451,82 @@ const KEYED_LANE: usize = 0;
 struct OpenBatch {
     msgs: Vec<Pending>,
     first_at: Instant,
+    /// The bytes of `msgs`.
+    bytes: usize,
+    /// The messages and bytes that make it ready without lingering: its limits
+    /// ([`Batcher::batch_limits`]) under the topic's newest route.
+    full_at: (usize, usize),
 }
+
+/// A topic as the batcher knows it: its route and the state of its lanes, found with one
+/// lookup of the topic (a producer spreading over thousands of queues probes several lanes per
+/// message, and maps keyed by whole lanes cost it a cache miss or more per probe).
+struct TopicEntry {
+    /// The newest route seen.
+    route: Arc<TopicRoute>,
+    /// Its queues, sorted.
+    queues: Vec<QueueId>,
+    /// Per queue of `queues`, its lanes: [`KEYED_LANE`], then the unkeyed ones.
+    lanes: Vec<Vec<LaneState>>,
+    /// The name the topic's open batches share.
+    name: Arc<str>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct LaneState {
+    /// A batch of the lane is in flight.
+    busy: bool,
+    /// Its producer id and next sequence; (0, 0) before its first batch.
+    ids: (u64, u64),
+}
+
+impl TopicEntry {
+    /// `lanes`: lanes per queue, the keyed one included.
+    fn new(route: Arc<TopicRoute>, name: Arc<str>, lanes: usize) -> TopicEntry {
+        let queues = route.queues();
+        TopicEntry {
+            lanes: vec![vec![LaneState::default(); lanes]; queues.len()],
+            route,
+            queues,
+            name,
+        }
+    }
+
+    /// Takes a newer route. The lanes (a batch in flight, the producer id and the sequence) of a
+    /// queue the route no longer has move to `orphans`, and those of a queue it has again come
+    /// back, so a lane's sequences never restart under the same producer id.
+    fn update(&mut self, route: Arc<TopicRoute>, lanes: usize, orphans: &mut Orphans) {
+        let queues = route.queues();
+        let mut old: Vec<(QueueId, Vec<LaneState>)> = std::mem::take(&mut self.queues)
+            .into_iter()
+            .zip(std::mem::take(&mut self.lanes))
+            .collect();
+        let kept = queues
+            .iter()
+            .map(|q| match old.binary_search_by(|(o, _)| o.cmp(q)) {
+                Ok(i) => std::mem::take(&mut old[i].1),
+                Err(_) => orphans
+                    .remove(&(self.name.clone(), q.clone()))
+                    .unwrap_or_else(|| vec![LaneState::default(); lanes]),
+            })
+            .collect();
+        for (q, l) in old {
+            if queues.binary_search(&q).is_err() {
+                orphans.insert((self.name.clone(), q), l);
+            }
+        }
+        (self.route, self.queues, self.lanes) = (route, queues, kept);
+    }
+
+    fn lanes(&self, queue: &QueueId) -> Option<&Vec<LaneState>> {
+        let q = self.queues.binary_search(queue).ok()?;
+        Some(&self.lanes[q])
+    }
+}
+
+/// The lanes of queues their topic's newest route does not have (a keyed batch may still be
+/// open or in flight for one), by topic and queue.
+type Orphans = HashMap<(Arc<str>, QueueId), Vec<LaneState>>;
 
 /// A call finished: its broker group and the lanes of its parts.
 type Done = (String, Vec<Lane>);
@@ -442,17 +537,14 @@ struct Batcher {
     done_rx: mpsc::UnboundedReceiver<Done>,
     router: Arc<Router>,
     config: ProducerConfig,
-    /// Per lane: the producer id and the next sequence.
-    idempotence: HashMap<Lane, (u64, u64)>,
     open: HashMap<BatchKey, OpenBatch>,
-    /// Lanes with a batch in flight.
-    busy: Busy,
     inflight: usize,
     /// Batches in flight per broker group.
     broker_inflight: HashMap<String, usize>,
     selectors: HashMap<String, QueueSelector>,
-    /// Per topic: the newest route seen and its sorted queues.
-    routes: HashMap<String, (Arc<TopicRoute>, Vec<QueueId>)>,
+    /// Per topic: the newest route seen and the lanes of its queues.
+    routes: HashMap<String, TopicEntry>,
+    orphans: Orphans,
     /// Every broker group of those routes.
     brokers: HashSet<String>,
 }
@@ -468,13 +560,12 @@ impl Batcher {
             done_rx,
             router,
             config,
-            idempotence: HashMap::default(),
             open: HashMap::default(),
-            busy: Busy::default(),
             inflight: 0,
             broker_inflight: HashMap::default(),
             selectors: HashMap::default(),
             routes: HashMap::default(),
+            orphans: Orphans::default(),
             brokers: HashSet::default(),
         };
         (batcher, tx)
@@ -518,16 +609,18 @@ impl Batcher {
     }
 
     fn add(&mut self, p: Pending) {
-        let new_route = match self.routes.get_mut(&p.topic) {
-            Some((r, _)) if Arc::ptr_eq(r, &p.route) => false,
-            Some(entry) => {
-                *entry = (p.route.clone(), p.route.queues());
-                true
+        let lanes = self.lanes_per_queue();
+        let (name, new_route) = match self.routes.get_mut(&p.topic) {
+            Some(t) if Arc::ptr_eq(&t.route, &p.route) => (t.name.clone(), false),
+            Some(t) => {
+                t.update(p.route.clone(), lanes, &mut self.orphans);
+                (t.name.clone(), true)
             }
             None => {
-                let entry = (p.route.clone(), p.route.queues());
+                let name: Arc<str> = p.topic.as_str().into();
+                let entry = TopicEntry::new(p.route.clone(), name.clone(), lanes);
                 self.routes.insert(p.topic.clone(), entry);
-                true
+                (name, true)
             }
         };
         if new_route {
@@ -536,16 +629,28 @@ impl Batcher {
                     self.brokers.insert(b.name.clone());
                 }
             }
+            // The open batches of the topic are full at its new route's limits.
+            for (key, b) in self.open.iter_mut() {
+                if key.0 == name {
+                    b.full_at = batch_limits(&self.config, &p.route, key.1.as_ref());
+                }
+            }
         }
-        let key = (p.topic.clone(), p.target.clone());
-        self.open
-            .entry(key)
-            .or_insert_with(|| OpenBatch {
-                msgs: Vec::new(),
-                first_at: Instant::now(),
-            })
-            .msgs
-            .push(p);
+        let key = (name, p.target.clone());
+        let b = match self.open.get_mut(&key) {
+            Some(b) => b,
+            None => {
+                let full_at = batch_limits(&self.config, &p.route, p.target.as_ref());
+                self.open.entry(key).or_insert(OpenBatch {
+                    msgs: Vec::new(),
+                    first_at: Instant::now(),
+                    bytes: 0,
+                    full_at,
+                })
+            }
+        };
+        b.bytes += p.bytes;
+        b.msgs.push(p);
     }
 
     fn finish(&mut self, (broker, lanes): Done) {
@@ -553,9 +658,72 @@ impl Batcher {
             *n = n.saturating_sub(1);
         }
         for lane in &lanes {
-            self.busy.remove(lane);
+            if let Some(l) = self.lane_mut(lane) {
+                l.busy = false;
+            }
         }
         self.inflight = self.inflight.saturating_sub(1);
+    }
+
+    /// Lanes per queue: the keyed one and the unkeyed ones.
+    fn lanes_per_queue(&self) -> usize {
+        1 + self.config.unkeyed_lanes_per_queue.max(1)
+    }
+
+    /// The lanes of a queue of `topic` (in its route, or orphaned) if the batcher has seen them.
+    fn lanes(&self, topic: &str, queue: &QueueId) -> Option<&Vec<LaneState>> {
+        let t = self.routes.get(topic)?;
+        t.lanes(queue)
+            .or_else(|| self.orphans.get(&(t.name.clone(), queue.clone())))
+    }
+
+    /// The state of a lane, if the batcher has seen its queue.
+    fn lane_mut(&mut self, (topic, queue, lane): &Lane) -> Option<&mut LaneState> {
+        let t = self.routes.get_mut(topic.as_str())?;
+        match t.queues.binary_search(queue) {
+            Ok(q) => t.lanes[q].get_mut(*lane),
+            Err(_) => {
+                let key = (t.name.clone(), queue.clone());
+                self.orphans.get_mut(&key)?.get_mut(*lane)
+            }
+        }
+    }
+
+    /// The state of a lane, made for a keyed queue its topic's route does not have (sent to
+    /// anyway, as it was chosen by the route the message came with).
+    fn lane_state(&mut self, lane: &Lane) -> &mut LaneState {
+        let n = self.lanes_per_queue();
+        let t = &self.routes[lane.0.as_str()];
+        if t.lanes(&lane.1).is_none() {
+            let key = (t.name.clone(), lane.1.clone());
+            self.orphans
+                .entry(key)
+                .or_insert_with(|| vec![LaneState::default(); n]);
+        }
+        self.lane_mut(lane).expect("made above")
+    }
+
+    /// The lanes with a batch in flight.
+    #[cfg(test)]
+    fn busy(&self) -> Vec<Lane> {
+        let mut busy = Vec::new();
+        for (topic, t) in &self.routes {
+            for (q, lanes) in t.queues.iter().zip(&t.lanes) {
+                for (l, s) in lanes.iter().enumerate() {
+                    if s.busy {
+                        busy.push((topic.clone(), q.clone(), l));
+                    }
+                }
+            }
+        }
+        for ((topic, q), lanes) in &self.orphans {
+            for (l, s) in lanes.iter().enumerate() {
+                if s.busy {
+                    busy.push((topic.to_string(), q.clone(), l));
+                }
+            }
+        }
+        busy
     }
 
     fn broker_has_room(&self, broker: &str) -> bool {
@@ -566,29 +734,21 @@ impl Batcher {
         )
     }
 
-    /// Most messages and bytes of a batch of `topic` to `broker` (`None`: not chosen yet, so any
-    /// of the topic's groups): the smaller of this producer's limits and the group's.
-    fn batch_limits(&self, topic: &str, broker: Option<&str>) -> (usize, usize) {
-        let group = match self.routes.get(topic) {
-            Some((route, _)) => {
-                let target = broker.map(|b| QueueId::new(b, 0));
-                target_limits(route, target.as_ref())
-            }
-            None => SendLimits::DEFAULT,
-        };
-        (
-            self.config.batch_messages_max.min(group.batch_messages_max),
-            self.config.batch_bytes_max.min(group.batch_bytes_max),
-        )
+    /// Most messages and bytes of a batch of `topic` to `broker`, under the topic's newest
+    /// route ([`batch_limits`]).
+    fn group_batch_limits(&self, topic: &str, broker: &QueueId) -> (usize, usize) {
+        match self.routes.get(topic) {
+            Some(t) => batch_limits(&self.config, &t.route, Some(broker)),
+            None => capped(&self.config, SendLimits::DEFAULT),
+        }
     }
 
-    fn is_ready(&self, key: &BatchKey, b: &OpenBatch, closing: bool) -> bool {
-        let (messages_max, bytes_max) =
-            self.batch_limits(&key.0, key.1.as_ref().map(|q| q.broker.as_str()));
+    fn is_ready(&self, b: &OpenBatch, closing: bool, now: Instant) -> bool {
+        let (messages_max, bytes_max) = b.full_at;
         closing
             || b.msgs.len() >= messages_max
-            || b.msgs.iter().map(|p| p.bytes).sum::<usize>() >= bytes_max
-            || b.first_at.elapsed() >= self.config.linger
+            || b.bytes >= bytes_max
+            || now.saturating_duration_since(b.first_at) >= self.config.linger
     }
 
     /// Sends the open batches that are ready, as far as the windows allow. Batches to one broker
@@ -596,6 +756,7 @@ impl Batcher {
     /// within the group's batch limits: a producer spreading over thousands of queues has one
     /// message per queue at a time, and one entry per message would cost a leader far more.
     fn dispatch_ready(&mut self, closing: bool) {
+        let now = Instant::now();
         // Nothing can go while every window is full: the common case under load, and one a
         // producer over thousands of topics would otherwise pay a full round for, on every
         // message that arrives. Only messages past their deadline are failed then (a batch's
@@ -603,7 +764,6 @@ impl Batcher {
         if self.inflight >= self.config.inflight_batches_max
             || !self.brokers.iter().any(|b| self.broker_has_room(b))
         {
-            let now = Instant::now();
             let expired: Vec<BatchKey> = self
                 .open
                 .iter()
@@ -611,14 +771,14 @@ impl Batcher {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in expired {
-                self.fail_expired(&key);
+                self.fail_expired(&key, now);
             }
             return;
         }
         let mut keys: Vec<(Instant, BatchKey)> = self
             .open
             .iter()
-            .filter(|(k, b)| self.is_ready(k, b, closing))
+            .filter(|(_, b)| self.is_ready(b, closing, now))
             .map(|(k, b)| (b.first_at, k.clone()))
             .collect();
         keys.sort_by_key(|(t, _)| *t);
@@ -626,7 +786,7 @@ impl Batcher {
         let mut calls: Vec<Call> = Vec::new();
         let mut taking: HashMap<String, usize> = HashMap::default();
         for (_, key) in keys {
-            self.fail_expired(&key);
+            self.fail_expired(&key, now);
             let Some(first_bytes) = self
                 .open
                 .get(&key)
@@ -636,41 +796,33 @@ impl Batcher {
                 continue;
             };
             let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
-            // Groups whose open call takes this batch's first message.
-            let joinable: HashSet<String> = if taking.is_empty() {
-                HashSet::default()
-            } else {
+            // Whether a group's open call of this round takes this batch's first message.
+            let joinable = |broker: &str| {
                 taking
-                    .iter()
-                    .filter(|(_, i)| calls[**i].fits(1, part_bytes + first_bytes))
-                    .map(|(b, _)| b.clone())
-                    .collect()
+                    .get(broker)
+                    .is_some_and(|&i| calls[i].fits(1, part_bytes + first_bytes))
             };
             let may_open = self.inflight < self.config.inflight_batches_max;
             let lane = match &key.1 {
                 Some(q) => {
-                    let lane = (key.0.clone(), q.clone(), KEYED_LANE);
-                    let can = joinable.contains(&q.broker)
-                        || (may_open && self.broker_has_room(&q.broker));
-                    if self.busy.contains(&lane.0, &lane.1, lane.2) || !can {
+                    let can = joinable(&q.broker) || (may_open && self.broker_has_room(&q.broker));
+                    let busy = self
+                        .lanes(&key.0, q)
+                        .is_some_and(|lanes| lanes[KEYED_LANE].busy);
+                    if !can || busy {
                         continue;
                     }
-                    lane
+                    (key.0.to_string(), q.clone(), KEYED_LANE)
                 }
                 None => match self.pick_any(&key.0, &joinable, may_open) {
                     Some(lane) => lane,
                     None => continue,
                 },
             };
-            let broker = lane.1.broker.clone();
-            let (messages_max, bytes_max) = self.batch_limits(&key.0, Some(&broker));
-            let join = taking
-                .get(&broker)
-                .copied()
-                .filter(|_| joinable.contains(&broker));
+            let join = joinable(&lane.1.broker).then(|| taking[lane.1.broker.as_str()]);
             let (messages_left, bytes_left) = match join {
                 Some(i) => calls[i].left(),
-                None => (messages_max, bytes_max),
+                None => self.group_batch_limits(&key.0, &lane.1),
             };
             let Some(batch) =
                 self.take_batch(&key, messages_left, bytes_left.saturating_sub(part_bytes))
@@ -680,26 +832,28 @@ impl Batcher {
             let i = match join {
                 Some(i) => i,
                 None => {
+                    let broker = lane.1.broker.clone();
                     self.inflight += 1;
-                    *self.broker_inflight.entry(broker.clone()).or_default() += 1;
+                    *slot(&mut self.broker_inflight, broker.as_str()) += 1;
                     calls.push(Call {
                         broker: broker.clone(),
                         parts: Vec::new(),
-                        messages_left: messages_max,
-                        bytes_left: bytes_max,
+                        messages_left,
+                        bytes_left,
                     });
-                    taking.insert(broker.clone(), calls.len() - 1);
+                    taking.insert(broker, calls.len() - 1);
                     calls.len() - 1
                 }
             };
-            self.busy.insert(&lane);
-            let ids = self
-                .idempotence
-                .entry(lane.clone())
-                // 0 disables idempotence on the broker, so never use it.
-                .or_insert_with(|| (rand::random::<u64>() | 1, 1));
-            let (producer_id, sequence) = (ids.0, ids.1);
-            ids.1 += 1;
+            let state = self.lane_state(&lane);
+            state.busy = true;
+            if state.ids.1 == 0 {
+                // A lane's first batch: a new producer id (0 disables idempotence on the
+                // broker, so never use it) and sequences from 1.
+                state.ids = (rand::random::<u64>() | 1, 1);
+            }
+            let (producer_id, sequence) = state.ids;
+            state.ids.1 += 1;
             let call = &mut calls[i];
             call.messages_left -= batch.len();
             call.bytes_left = call
@@ -707,7 +861,7 @@ impl Batcher {
                 .saturating_sub(part_bytes + batch.iter().map(|p| p.bytes).sum::<usize>());
             call.parts.push(SendJob {
                 router: self.router.clone(),
-                topic: key.0.clone(),
+                topic: lane.0.clone(),
                 queue: lane.1.clone(),
                 lane,
                 producer_id,
@@ -729,16 +883,16 @@ impl Batcher {
     }
 
     /// Fails the messages of an open batch whose deadline passed before they could be sent.
-    fn fail_expired(&mut self, key: &BatchKey) {
+    fn fail_expired(&mut self, key: &BatchKey, now: Instant) {
         let Some(b) = self.open.get_mut(key) else {
             return;
         };
-        let now = Instant::now();
         if b.msgs.iter().all(|p| p.deadline > now) {
             return;
         }
         let (expired, keep): (Vec<_>, Vec<_>) = b.msgs.drain(..).partition(|p| p.deadline <= now);
         b.msgs = keep;
+        b.bytes = b.msgs.iter().map(|p| p.bytes).sum();
         for p in expired {
             let _ = p.reply.send(Err(Error::Timeout {
                 op: format!("send to {}", p.topic),
@@ -758,13 +912,13 @@ impl Batcher {
     fn pick_any(
         &mut self,
         topic: &str,
-        joinable: &HashSet<String>,
+        joinable: &dyn Fn(&str) -> bool,
         may_open: bool,
     ) -> Option<Lane> {
-        let (_, queues) = self.routes.get(topic)?;
-        let n = queues.len();
         let lanes = self.config.unkeyed_lanes_per_queue.max(1);
-        let busy = &self.busy;
+        let t = self.routes.get(topic)?;
+        let queues = &t.queues;
+        let n = queues.len();
         let broker_inflight = &self.broker_inflight;
         let broker_max = self.config.broker_inflight_batches_max;
         let lane_of = |q: usize, l: usize| (topic.to_string(), queues[q].clone(), l);
@@ -772,12 +926,11 @@ impl Batcher {
         // used only while the ones before are busy, so a producer spreading over thousands of
         // queues keeps one producer window per queue on the broker, not one per lane (a broker
         // remembers a bounded number of them).
-        let free_lane = |q: usize| (1..=lanes).find(|&l| !busy.contains(topic, &queues[q], l));
+        let free_lane = |q: usize| (1..=lanes).find(|&l| !t.lanes[q][l].busy);
         let sel = slot(&mut self.selectors, topic);
         let q = sel.next_round_robin(n, |q| {
             let broker = &queues[q].broker;
-            (joinable.contains(broker)
-                || (may_open && has_room(broker_inflight, broker_max, broker)))
+            (joinable(broker) || (may_open && has_room(broker_inflight, broker_max, broker)))
                 && free_lane(q).is_some()
         })?;
         let lane = free_lane(q)?;
@@ -803,58 +956,11 @@ impl Batcher {
             bytes += p.bytes;
         }
         let batch: Vec<Pending> = b.msgs.drain(..n).collect();
+        b.bytes -= bytes;
         if b.msgs.is_empty() {
             self.open.remove(key);
         }
         (!batch.is_empty()).then_some(batch)
-    }
-}
-
-/// The lanes with a batch in flight, by topic and queue, so that a lookup needs no lane built
-/// (a producer over thousands of queues probes many lanes per message).
-#[derive(Default)]
-struct Busy(HashMap<String, HashMap<QueueId, Vec<usize>>>);
-
-impl Busy {
-    fn contains(&self, topic: &str, queue: &QueueId, lane: usize) -> bool {
-        self.0
-            .get(topic)
-            .and_then(|queues| queues.get(queue))
-            .is_some_and(|lanes| lanes.contains(&lane))
-    }
-
-    fn insert(&mut self, (topic, queue, lane): &Lane) {
-        let lanes = slot(slot(&mut self.0, topic.as_str()), queue);
-        if !lanes.contains(lane) {
-            lanes.push(*lane);
-        }
-    }
-
-    /// Frees a lane (its topic's and queue's entries stay, for the next batch).
-    fn remove(&mut self, (topic, queue, lane): &Lane) {
-        if let Some(lanes) = self
-            .0
-            .get_mut(topic.as_str())
-            .and_then(|q| q.get_mut(queue))
-        {
-            lanes.retain(|l| l != lane);
-        }
-    }
-
-    #[cfg(test)]
-    fn iter(&self) -> impl Iterator<Item = Lane> + '_ {
-        self.0.iter().flat_map(|(topic, queues)| {
-            queues.iter().flat_map(move |(queue, lanes)| {
-                lanes
-                    .iter()
-                    .map(move |l| (topic.clone(), queue.clone(), *l))
-            })
-        })
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.iter().count()
     }
 }
 
@@ -1169,12 +1275,54 @@ mod tests {
         );
 
         // A batch to broker-b finishes: exactly one more goes there, none to the full broker-a.
-        let lane = b.busy.iter().find(|l| l.1.broker == "broker-b").unwrap();
+        let lane = b
+            .busy()
+            .into_iter()
+            .find(|l| l.1.broker == "broker-b")
+            .unwrap();
         b.finish(("broker-b".into(), vec![lane]));
         dispatch_until_stable(&mut b);
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
         assert_eq!(b.broker_inflight.get("broker-b"), Some(&2));
         assert_eq!(b.inflight, 4);
+    }
+
+    /// A lane keeps its producer id and sequences across routes: through a route without its
+    /// queue (a keyed batch still goes there, on the lane it had) and back.
+    #[tokio::test]
+    async fn a_lane_keeps_its_producer_id_and_sequence_when_the_route_changes() {
+        let (mut b, _tx) = batcher(ProducerConfig::default());
+        let q1 = QueueId::new("broker-a", 1);
+        let ids = |b: &Batcher| b.lanes("t", &q1).map(|l| l[KEYED_LANE].ids);
+        let mut replies = Vec::new();
+        let mut first_id = None;
+        // Each step: a route, one keyed message to q1, its batch sent and finished.
+        for (step, queues) in [2, 1, 2].into_iter().enumerate() {
+            let r = route(&["broker-a"], queues);
+            let (p, rx) = pending(&r, Some(q1.clone()));
+            b.add(p);
+            replies.push(rx);
+            dispatch_until_stable(&mut b);
+            assert_eq!(b.inflight, 1, "step {step}: the batch went");
+            assert_eq!(b.busy(), vec![("t".to_string(), q1.clone(), KEYED_LANE)]);
+            let (id, next) = ids(&b).expect("the lane is known");
+            assert_eq!(next, step as u64 + 2, "step {step}: sequences go on");
+            assert_eq!(
+                *first_id.get_or_insert(id),
+                id,
+                "step {step}: the same producer"
+            );
+            b.finish(("broker-a".into(), b.busy()));
+            assert!(b.busy().is_empty());
+        }
+        // With q1 out of the route its lanes wait aside, and the route's queues are its own.
+        let r = route(&["broker-a"], 1);
+        let (p, rx) = pending(&r, Some(QueueId::new("broker-a", 0)));
+        b.add(p);
+        replies.push(rx);
+        assert_eq!(b.routes["t"].queues, vec![QueueId::new("broker-a", 0)]);
+        assert_eq!(b.orphans.len(), 1);
+        assert_eq!(ids(&b).map(|i| i.1), Some(4));
     }
 
     /// Messages spread over many topics (one message per queue at a time) ride a few calls: the
@@ -1200,7 +1348,7 @@ mod tests {
         // Two calls (the group's window) of 100 messages each (its batch limit), one per topic.
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
         assert_eq!(b.inflight, 2);
-        assert_eq!(b.busy.len(), 200);
+        assert_eq!(b.busy().len(), 200);
         let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
         assert_eq!(waiting, 100);
     }

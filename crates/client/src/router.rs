@@ -131,7 +131,8 @@ pub(crate) struct Router {
     pub(crate) ns: NameserverClient,
     pub(crate) policy: RetryPolicy,
     groups: Mutex<HashMap<String, GroupView>>,
-    routes: Mutex<HashMap<String, CachedRoute>>,
+    /// Looked up on every send: hashed with foldhash (the keys are this client's own topics).
+    routes: Mutex<HashMap<String, CachedRoute, foldhash::fast::RandomState>>,
     last_group_refresh: tokio::sync::Mutex<Option<Instant>>,
     rotate: AtomicUsize,
     /// Nodes that failed at the transport level, until when they are avoided.

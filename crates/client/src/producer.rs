@@ -454,7 +454,7 @@ struct OpenBatch {
     /// The bytes of `msgs`.
     bytes: usize,
     /// The messages and bytes that make it ready without lingering: its limits
-    /// ([`Batcher::batch_limits`]) under the topic's newest route.
+    /// ([`batch_limits`]) under the topic's newest route.
     full_at: (usize, usize),
 }
 
@@ -692,13 +692,10 @@ impl Batcher {
     /// The state of a lane, made for a keyed queue its topic's route does not have (sent to
     /// anyway, as it was chosen by the route the message came with).
     fn lane_state(&mut self, lane: &Lane) -> &mut LaneState {
-        let n = self.lanes_per_queue();
-        let t = &self.routes[lane.0.as_str()];
-        if t.lanes(&lane.1).is_none() {
-            let key = (t.name.clone(), lane.1.clone());
-            self.orphans
-                .entry(key)
-                .or_insert_with(|| vec![LaneState::default(); n]);
+        if self.lane_mut(lane).is_none() {
+            let n = self.lanes_per_queue();
+            let key = (self.routes[lane.0.as_str()].name.clone(), lane.1.clone());
+            self.orphans.insert(key, vec![LaneState::default(); n]);
         }
         self.lane_mut(lane).expect("made above")
     }
@@ -915,7 +912,6 @@ impl Batcher {
         joinable: &dyn Fn(&str) -> bool,
         may_open: bool,
     ) -> Option<Lane> {
-        let lanes = self.config.unkeyed_lanes_per_queue.max(1);
         let t = self.routes.get(topic)?;
         let queues = &t.queues;
         let n = queues.len();
@@ -926,7 +922,7 @@ impl Batcher {
         // used only while the ones before are busy, so a producer spreading over thousands of
         // queues keeps one producer window per queue on the broker, not one per lane (a broker
         // remembers a bounded number of them).
-        let free_lane = |q: usize| (1..=lanes).find(|&l| !t.lanes[q][l].busy);
+        let free_lane = |q: usize| (1..t.lanes[q].len()).find(|&l| !t.lanes[q][l].busy);
         let sel = slot(&mut self.selectors, topic);
         let q = sel.next_round_robin(n, |q| {
             let broker = &queues[q].broker;

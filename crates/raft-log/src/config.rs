@@ -66,8 +66,8 @@ pub struct RaftConfig {
     pub catch_up_bytes_per_sec_busy: u64,
     /// Optional shared secret that every peer request must carry.
     pub peer_secret: Option<String>,
-    /// The state is checkpointed at every multiple of this log index; retention snapshots and
-    /// purges at the newest checkpoint below its trim point.
+    /// The state is checkpointed every this many entries (and with every restart image);
+    /// retention snapshots and purges at the newest checkpoint below its trim point.
     pub checkpoint_every_entries: u64,
     /// A restart image (the state and what apply built, `sm/restart/`) is written each time this
     /// many payload bytes were applied since the last one, so a restart re-applies at most about

@@ -2,6 +2,9 @@
 //!
 //! postcard's own `to_extend` appends a byte string through `Extend<u8>` one byte at a time;
 //! entry payloads are whole message batches, and that loop showed up at ~2% of a leader's CPU.
+//! Snapshots and restart images use it too, into buffers sized ahead: a `Vec<u8>` field meant as
+//! one byte string is marked `#[serde(with = "serde_bytes")]` (the same postcard bytes as a
+//! sequence of `u8`, written with one copy instead of one push per byte).
 
 use postcard::ser_flavors::Flavor;
 use serde::Serialize;
@@ -28,11 +31,9 @@ impl Flavor for VecFlavor {
     }
 }
 
-/// Appends the postcard encoding of `v` to `out` and returns it.
-pub(crate) fn postcard_extend<T: Serialize + ?Sized>(
-    v: &T,
-    out: Vec<u8>,
-) -> postcard::Result<Vec<u8>> {
+/// Appends the postcard encoding of `v` to `out` and returns it: the bytes `postcard::to_extend`
+/// would append.
+pub fn postcard_extend<T: Serialize + ?Sized>(v: &T, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
     postcard::serialize_with_flavor(v, VecFlavor(out))
 }
 

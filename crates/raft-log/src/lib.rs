@@ -14,7 +14,7 @@
 pub mod catchup;
 pub mod commit_notice;
 pub mod config;
-mod encoding;
+pub mod encoding;
 pub mod error;
 #[cfg(test)]
 mod golden;

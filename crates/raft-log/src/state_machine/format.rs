@@ -91,13 +91,20 @@ pub fn versioned(
     Ok((found, &rest[4..]))
 }
 
-/// Wraps `body` in the envelope of `version` (>= 2). Unused while every format is at version 1;
-/// tests use it to make what a newer build would write.
-pub fn envelope(version: u32, body: &[u8]) -> Vec<u8> {
+/// An empty envelope of `version` (>= 2), with room for `body_capacity` bytes of body: append the
+/// body to it. The same bytes as [`envelope`], without building the body apart and copying it.
+pub fn envelope_to_fill(version: u32, body_capacity: usize) -> Vec<u8> {
     debug_assert!(version >= 2, "version 1 is written bare");
-    let mut out = Vec::with_capacity(ENVELOPE_HEADER_BYTES + body.len());
+    let mut out = Vec::with_capacity(ENVELOPE_HEADER_BYTES + body_capacity);
     out.extend_from_slice(&ENVELOPE_MAGIC);
     out.extend_from_slice(&version.to_le_bytes());
+    out
+}
+
+/// Wraps `body` in the envelope of `version` (>= 2).
+pub fn envelope(version: u32, body: &[u8]) -> Vec<u8> {
+    debug_assert!(version >= 2, "version 1 is written bare");
+    let mut out = envelope_to_fill(version, body.len());
     out.extend_from_slice(body);
     out
 }

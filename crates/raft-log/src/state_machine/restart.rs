@@ -47,14 +47,18 @@ pub(crate) struct ImageFile {
     pub prev: u64,
     /// The last applied entry and membership when the image was taken.
     pub meta: SnapshotMeta,
-    /// The state machine's image.
+    /// The state machine's image: one byte string (postcard writes it as it would a sequence of
+    /// `u8`, in one copy).
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
 impl ImageFile {
     pub(crate) fn encode(&self) -> io::Result<Vec<u8>> {
-        let mut out = vec![0u8; 4];
-        out = postcard::to_extend(self, out).map_err(io::Error::other)?;
+        // Sized ahead: growing a buffer of megabytes costs its copies and fresh pages.
+        let mut out = Vec::with_capacity(4 + self.data.len() + 256);
+        out.extend_from_slice(&[0u8; 4]);
+        out = crate::encoding::postcard_extend(self, out).map_err(io::Error::other)?;
         let crc = crc32fast::hash(&out[4..]);
         out[..4].copy_from_slice(&crc.to_le_bytes());
         Ok(out)
@@ -261,6 +265,20 @@ mod tests {
         };
         let bytes = file.encode().unwrap();
         println!("image file\n  {}", hex(&bytes));
+        // The data is written as one byte string: the bytes postcard gives a plain `Vec<u8>`
+        // field, as builds before wrote it.
+        #[derive(Serialize)]
+        struct Plain<'a> {
+            prev: u64,
+            meta: &'a SnapshotMeta,
+            data: &'a Vec<u8>,
+        }
+        let plain = Plain {
+            prev: file.prev,
+            meta: &file.meta,
+            data: &file.data,
+        };
+        assert_eq!(bytes[4..], postcard::to_stdvec(&plain).unwrap()[..]);
         let back = ImageFile::decode(Path::new("x.img"), &bytes).unwrap();
         assert_eq!(
             (back.prev, back.meta, back.data),

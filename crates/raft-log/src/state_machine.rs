@@ -141,8 +141,9 @@ pub struct Shared<S> {
     snapshot_path: PathBuf,
     current: Mutex<Option<SnapshotFile>>,
     /// Checkpoints of the state taken while applying (every `RaftConfig::checkpoint_every_entries`
-    /// entries, and with every restart image), keyed by log index. A snapshot is the newest checkpoint at or below the compaction target,
-    /// so a peer that installs it replicates every entry the log still retains after it.
+    /// entries, and with every restart image), keyed by log index. A snapshot is the newest
+    /// checkpoint at or below the compaction target, so a peer that installs it replicates every
+    /// entry the log still retains after it.
     checkpoints: Mutex<std::collections::BTreeMap<u64, SnapshotFile>>,
     /// The index compaction wants a snapshot for (set by `Member::compact`).
     pub(crate) target: std::sync::atomic::AtomicU64,
@@ -324,17 +325,14 @@ impl<S: StateMachine> Shared<S> {
     /// serialisation held apply up for milliseconds: issue 20.)
     fn after_apply(&self, log_id: LogId, payload_bytes: u64) -> io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut since = match &self.images {
+        let (mut since, image_due) = match &self.images {
             Some(images) => {
                 let mut since = images.since.lock().map_err(|_| lock_err())?;
                 since.1 += payload_bytes;
-                Some(since)
+                let due = since.1 >= images.every_bytes;
+                (Some(since), due)
             }
-            None => None,
-        };
-        let image_due = match (&since, &self.images) {
-            (Some(s), Some(images)) => s.1 >= images.every_bytes,
-            _ => false,
+            None => (None, false),
         };
         let checkpoint_due =
             log_id.index >= self.last_checkpoint.load(Relaxed) + self.checkpoint_every;
@@ -355,10 +353,13 @@ impl<S: StateMachine> Shared<S> {
             last_log_id: Some(log_id),
             last_membership: membership,
         };
-        self.checkpoint(SnapshotFile {
-            meta: meta.clone(),
-            data: snapshot,
-        })?;
+        self.checkpoint(
+            log_id.index,
+            SnapshotFile {
+                meta: meta.clone(),
+                data: snapshot,
+            },
+        )?;
         let Some(since) = since.as_mut().filter(|_| image_due) else {
             return Ok(());
         };
@@ -376,11 +377,8 @@ impl<S: StateMachine> Shared<S> {
         self.image_writer(restart::Job::Write(log_id.index, file))
     }
 
-    /// Keeps a checkpoint; past [`CHECKPOINTS_MAX`] every other one is dropped.
-    fn checkpoint(&self, cp: SnapshotFile) -> io::Result<()> {
-        let Some(index) = cp.meta.last_log_id.map(|l| l.index) else {
-            return Ok(());
-        };
+    /// Keeps the checkpoint of entry `index`; past [`CHECKPOINTS_MAX`] every other one is dropped.
+    fn checkpoint(&self, index: u64, cp: SnapshotFile) -> io::Result<()> {
         self.last_checkpoint
             .store(index, std::sync::atomic::Ordering::Relaxed);
         let mut cps = self.checkpoints.lock().map_err(|_| lock_err())?;

@@ -39,10 +39,12 @@ fn request(node: &Node) -> RegisterRequest {
 }
 
 /// What, when it changes, calls for an immediate registration.
-fn fingerprint(node: &Node) -> (String, u64, Option<u64>, u64) {
-    let st = node.member.status();
+fn fingerprint(node: &Node) -> (&'static str, u64, Option<u64>, u64) {
+    let (role, term, leader) = node
+        .member
+        .status_with(|st| (st.role.as_str(), st.term, st.leader));
     let tv = node.state_value(|s| s.topic_version);
-    (st.role.as_str().to_string(), st.term, st.leader, tv)
+    (role, term, leader, tv)
 }
 
 /// How often `dns:` nameserver entries are resolved again.
@@ -168,7 +170,7 @@ pub fn spawn(node: Arc<Node>) {
         loop {
             // A stopping node registers no more (the nameservers expire it; they refuse the
             // role "down" anyway).
-            if node.member.status().role == raftmq_raft_log::Role::Shutdown {
+            if node.member.status_with(|st| st.role) == raftmq_raft_log::Role::Shutdown {
                 return;
             }
             if nameservers.refresh().await {

@@ -105,14 +105,15 @@ fn grpc_timeout(md: &tonic::metadata::MetadataMap) -> Option<Duration> {
 impl Broker {
     /// Leader check before doing work; followers answer NOT_LEADER with the leader.
     fn require_leader(&self) -> Result<()> {
-        let st = self.node.member.status();
-        if st.role == Role::Leader {
-            Ok(())
-        } else {
-            Err(Error::NotLeader {
-                leader: st.leader_address(),
-            })
-        }
+        self.node.member.status_with(|st| {
+            if st.role == Role::Leader {
+                Ok(())
+            } else {
+                Err(Error::NotLeader {
+                    leader: st.leader_address(),
+                })
+            }
+        })
     }
 
     /// [`Self::require_leader`], but while this node knows no leader (an election is running) it
@@ -135,14 +136,12 @@ impl Broker {
 
     /// The command tags every member of the group applies, as this node knows them.
     fn group_command_tags(&self) -> u32 {
-        let st = self.node.member.status();
-        self.node
-            .features
-            .group(
-                self.node.cfg.node_id,
-                st.voters.iter().chain(&st.learners).copied(),
-            )
-            .0
+        // The members first: no other lock is taken under the status borrow.
+        let members: Vec<u64> = self
+            .node
+            .member
+            .status_with(|st| st.voters.iter().chain(&st.learners).copied().collect());
+        self.node.features.group(self.node.cfg.node_id, members).0
     }
 
     /// Replicates a command and returns its log index and the state machine's reply.
@@ -159,8 +158,10 @@ impl Broker {
     /// tag `tag`; the first release's commands always pass.
     async fn require_tag(&self, tag: u32) -> Result<()> {
         if tag >= crate::features::FIRST_RELEASE_COMMAND_TAGS {
-            let st = self.node.member.status();
-            let members: Vec<u64> = st.voters.iter().chain(&st.learners).copied().collect();
+            let members: Vec<u64> = self
+                .node
+                .member
+                .status_with(|st| st.voters.iter().chain(&st.learners).copied().collect());
             let me = self.node.cfg.node_id;
             let mut group = self.node.features.group(me, members.iter().copied());
             if tag >= group.0 {

@@ -102,7 +102,7 @@ impl Broker {
             let needed_index = messages
                 .last()
                 .map(|m| m.log_index)
-                .unwrap_or_else(|| self.node.member.status().applied);
+                .unwrap_or_else(|| self.node.member.status_with(|st| st.applied));
             let decided = self.hint(
                 &req.consumer_id,
                 req.queue,
@@ -197,28 +197,29 @@ impl Broker {
         needed_index: u64,
     ) -> hint::Hint {
         let n = &self.node;
-        let st = n.member.status();
-        let view = if st.role == Role::Leader {
-            NodeView::Leader {
-                followers: st
-                    .peers
-                    .iter()
-                    .map(|p| FollowerView {
-                        node_id: p.node_id,
-                        address: p.address.clone(),
-                        last_ack_ms: p.last_ack_ms,
-                        matched: p.matched.unwrap_or(0),
-                    })
-                    .collect(),
-                produce_msgs_per_sec: n.produced.per_sec(),
+        let view = n.member.status_with(|st| {
+            if st.role == Role::Leader {
+                NodeView::Leader {
+                    followers: st
+                        .peers
+                        .iter()
+                        .map(|p| FollowerView {
+                            node_id: p.node_id,
+                            address: p.address.clone(),
+                            last_ack_ms: p.last_ack_ms,
+                            matched: p.matched.unwrap_or(0),
+                        })
+                        .collect(),
+                    produce_msgs_per_sec: n.produced.per_sec(),
+                }
+            } else {
+                NodeView::Follower {
+                    leader: st.leader_address(),
+                    millis_since_leader_contact: st.millis_since_leader_contact,
+                    apply_backlog: st.committed.saturating_sub(st.applied),
+                }
             }
-        } else {
-            NodeView::Follower {
-                leader: st.leader_address(),
-                millis_since_leader_contact: st.millis_since_leader_contact,
-                apply_backlog: st.committed.saturating_sub(st.applied),
-            }
-        };
+        });
         let pos = PullPosition {
             consumer_id: consumer,
             queue,

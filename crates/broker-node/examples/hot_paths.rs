@@ -22,7 +22,8 @@
 //! is: `spread` applies `SendMany` entries of 64 parts, one message each, to 64 consecutive
 //! queues of 1,000 topics × 8 queues (each queue its own producer window, its sequence rising),
 //! after a first round over every queue; `spread-none` makes the same first round and builds the
-//! counted entries without applying them.
+//! counted entries without applying them. `spread-follower` applies them as a follower does, with
+//! no reply built (`StateMachine::try_apply_unanswered`: no proposer waits on a follower's).
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -65,8 +66,19 @@ fn request(batch: u64) -> SendRequest {
 const SPREAD_TOPICS: u64 = 1000;
 const SPREAD_QUEUES: u64 = 8;
 
-/// The `spread` stages: `apply` false builds the entries only.
-fn spread(batches: u64, apply: bool) -> usize {
+/// How the `spread` stages treat the counted entries.
+#[derive(Clone, Copy, PartialEq)]
+enum Spread {
+    /// Built, not applied.
+    None,
+    /// Applied with the reply a leader hands its proposer.
+    Leader,
+    /// Applied as a follower does: no reply.
+    Follower,
+}
+
+/// The `spread` stages.
+fn spread(batches: u64, mode: Spread) -> usize {
     let mut state = BrokerState::default();
     for t in 0..SPREAD_TOPICS {
         state.apply(
@@ -104,10 +116,16 @@ fn spread(batches: u64, apply: bool) -> usize {
             messages: stored_bodies(request(b).messages),
         }
         .encode();
-        sink += if apply || b < warm_up {
-            state.apply(index, 1, &payload).len()
-        } else {
-            payload.len()
+        sink += match mode {
+            _ if b < warm_up => state.apply(index, 1, &payload).len(),
+            Spread::Leader => state.apply(index, 1, &payload).len(),
+            Spread::Follower => {
+                state
+                    .try_apply_unanswered(index, 1, &payload)
+                    .expect("applies");
+                state.last_applied as usize
+            }
+            Spread::None => payload.len(),
         };
     }
     sink
@@ -117,19 +135,20 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let stage = args.next().unwrap_or_default();
     let batches: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(100);
-    if let Some(apply) = match stage.as_str() {
-        "spread" => Some(true),
-        "spread-none" => Some(false),
+    if let Some(mode) = match stage.as_str() {
+        "spread" => Some(Spread::Leader),
+        "spread-follower" => Some(Spread::Follower),
+        "spread-none" => Some(Spread::None),
         _ => None,
     } {
-        let sink = spread(batches, apply);
+        let sink = spread(batches, mode);
         println!("{stage} {batches} batches: {sink} bytes");
         return;
     }
     let order = ["none", "encode", "decode", "append", "apply", "pull"];
     let Some(upto) = order.iter().position(|s| *s == stage) else {
         eprintln!(
-            "usage: hot_paths <{}|spread-none|spread> <batches>",
+            "usage: hot_paths <{}|spread-none|spread|spread-follower> <batches>",
             order.join("|")
         );
         std::process::exit(2);

@@ -47,6 +47,13 @@ pub trait StateMachine: Send + Sync + 'static {
     fn try_apply(&mut self, index: u64, term: u64, payload: &[u8]) -> io::Result<Bytes> {
         Ok(self.apply(index, term, payload))
     }
+    /// [`StateMachine::try_apply`] of an entry no proposer waits on (every entry a follower
+    /// applies, and a restarted member's re-applied ones): the same change to the state, but the
+    /// reply is not wanted, so a state machine may skip building it. The default applies the
+    /// entry and drops the reply.
+    fn try_apply_unanswered(&mut self, index: u64, term: u64, payload: &[u8]) -> io::Result<()> {
+        self.try_apply(index, term, payload).map(drop)
+    }
     /// Notes an entry without application data (a leader's blank entry, a membership change).
     fn apply_empty(&mut self, _index: u64) {}
     /// Serialises the state (not the messages) as of the last applied entry.
@@ -491,8 +498,13 @@ impl<S: StateMachine> RaftStateMachine<TypeConfig> for Adapter<S> {
                 let reply = match &entry.payload {
                     // An error stops the member (openraft takes it as fatal): this entry and the
                     // ones after it stay unapplied, and their responders go with the member.
-                    EntryPayload::Normal(p) => {
+                    EntryPayload::Normal(p) if responder.is_some() => {
                         sm.try_apply(log_id.index, log_id.leader_id.term, &p.0)?
+                    }
+                    // No one waits for the reply (a follower's entries): not built.
+                    EntryPayload::Normal(p) => {
+                        sm.try_apply_unanswered(log_id.index, log_id.leader_id.term, &p.0)?;
+                        Bytes::new()
                     }
                     EntryPayload::Membership(m) => {
                         applied.1 = StoredMembership::new(Some(log_id), m.clone());

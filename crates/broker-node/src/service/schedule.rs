@@ -47,7 +47,10 @@ pub fn delivery_times(
     now_ms: u64,
     horizon_ms: u64,
 ) -> Result<Option<Vec<u64>>, Refused> {
-    let mut times = Vec::with_capacity(req.messages.len());
+    // Only a DELAY topic keeps the times; any other is only checked (a `SendMany` asks this of
+    // every part, one message each at 1,000 topics).
+    let delay = topic_type == crate::state::TYPE_DELAY;
+    let mut times = Vec::with_capacity(if delay { req.messages.len() } else { 0 });
     let mut any = false;
     for (i, m) in req.messages.iter().enumerate() {
         let at = deliver_at(i, &m.properties)?;
@@ -64,9 +67,11 @@ pub fn delivery_times(
                 });
             }
         }
-        times.push(at.unwrap_or(now_ms));
+        if delay {
+            times.push(at.unwrap_or(now_ms));
+        }
     }
-    if topic_type != crate::state::TYPE_DELAY {
+    if !delay {
         return if any {
             Err(Refused::IllegalDeliveryTime {
                 reason: format!(

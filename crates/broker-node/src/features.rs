@@ -140,7 +140,7 @@ pub fn spawn(node: Arc<Node>) {
     tokio::spawn(async move {
         loop {
             let st = node.member.status();
-            let members: Vec<u64> = st.voters.iter().chain(&st.learners).copied().collect();
+            let members: Vec<u64> = st.members().collect();
             ask(&node, &members).await;
             // Until the membership is known (a fresh group forms within a second or two) and
             // every other member has answered, ask again soon: a member killed early must be

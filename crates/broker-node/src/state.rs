@@ -1377,6 +1377,13 @@ impl BrokerState {
 }
 
 impl BrokerState {
+    /// Stops the member on a command from a newer format instead of applying it as invalid, which
+    /// would make this replica diverge from one that knows it.
+    fn check_format(index: u64, payload: &[u8]) -> std::io::Result<()> {
+        check_command_format(index, payload)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
     /// What [`raftmq_raft_log::StateMachine::apply`] does, up to its reply, before encoding it.
     fn apply_entry(&mut self, index: u64, payload: &[u8]) -> Reply {
         self.last_applied = index;
@@ -1392,11 +1399,9 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         Bytes::from(self.apply_entry(index, payload).encode())
     }
 
-    /// Stops the member on a command from a newer format instead of applying it as invalid, which
-    /// would make this replica diverge from one that knows it.
+    /// [`Self::apply`] after [`BrokerState::check_format`].
     fn try_apply(&mut self, index: u64, term: u64, payload: &[u8]) -> std::io::Result<Bytes> {
-        check_command_format(index, payload)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Self::check_format(index, payload)?;
         Ok(self.apply(index, term, payload))
     }
 
@@ -1409,8 +1414,7 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         _term: u64,
         payload: &[u8],
     ) -> std::io::Result<()> {
-        check_command_format(index, payload)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Self::check_format(index, payload)?;
         self.apply_entry(index, payload);
         Ok(())
     }

@@ -137,10 +137,7 @@ impl Broker {
     /// The command tags every member of the group applies, as this node knows them.
     fn group_command_tags(&self) -> u32 {
         // The members first: no other lock is taken under the status borrow.
-        let members: Vec<u64> = self
-            .node
-            .member
-            .status_with(|st| st.voters.iter().chain(&st.learners).copied().collect());
+        let members: Vec<u64> = self.node.member.status_with(|st| st.members().collect());
         self.node.features.group(self.node.cfg.node_id, members).0
     }
 
@@ -158,10 +155,7 @@ impl Broker {
     /// tag `tag`; the first release's commands always pass.
     async fn require_tag(&self, tag: u32) -> Result<()> {
         if tag >= crate::features::FIRST_RELEASE_COMMAND_TAGS {
-            let members: Vec<u64> = self
-                .node
-                .member
-                .status_with(|st| st.voters.iter().chain(&st.learners).copied().collect());
+            let members: Vec<u64> = self.node.member.status_with(|st| st.members().collect());
             let me = self.node.cfg.node_id;
             let mut group = self.node.features.group(me, members.iter().copied());
             if tag >= group.0 {

@@ -71,10 +71,7 @@ impl Broker {
             catch_up: st.catch_up.as_ref().map(catch_up_status),
             ready: n.member.ready(),
             command_tags: crate::command::COMMAND_TAGS,
-            group_command_tags: n
-                .features
-                .group(n.cfg.node_id, st.voters.iter().chain(&st.learners).copied())
-                .0,
+            group_command_tags: n.features.group(n.cfg.node_id, st.members()).0,
             version: env!("CARGO_PKG_VERSION").into(),
             uptime_ms: n.started.elapsed().as_millis() as u64,
             config_json: serde_json::to_string(&n.cfg).unwrap_or_default(),

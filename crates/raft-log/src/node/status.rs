@@ -92,6 +92,11 @@ pub struct Status {
 }
 
 impl Status {
+    /// Every member of the group, voters then learners.
+    pub fn members(&self) -> impl Iterator<Item = u64> + '_ {
+        self.voters.iter().chain(&self.learners).copied()
+    }
+
     pub fn leader_address(&self) -> Option<(u64, String)> {
         // No hint rather than an empty address when the membership does not name it (yet).
         let id = self.leader?;

@@ -26,6 +26,7 @@ struct M {
     pulled: IntCounterVec,
     send_seconds: Histogram,
     disk_bytes: IntGauge,
+    checkpoint_bytes: IntGauge,
     peer_reachable: IntGaugeVec,
     peer_bytes_per_sec: IntGaugeVec,
     peer_catch_up_pct: IntGaugeVec,
@@ -240,6 +241,11 @@ fn build() -> Option<M> {
         )
         .ok()?,
         disk_bytes: IntGauge::new("raftmq_log_disk_bytes", "bytes of log segments on disk").ok()?,
+        checkpoint_bytes: IntGauge::new(
+            "raftmq_state_checkpoint_bytes",
+            "bytes of state checkpoints held in memory for the next snapshot",
+        )
+        .ok()?,
         peer_reachable: IntGaugeVec::new(
             Opts::new(
                 "raftmq_raft_peer_reachable",
@@ -293,6 +299,7 @@ fn build() -> Option<M> {
     reg(Box::new(m.pulled.clone()));
     reg(Box::new(m.send_seconds.clone()));
     reg(Box::new(m.disk_bytes.clone()));
+    reg(Box::new(m.checkpoint_bytes.clone()));
     reg(Box::new(m.peer_reachable.clone()));
     reg(Box::new(m.peer_bytes_per_sec.clone()));
     reg(Box::new(m.peer_catch_up_pct.clone()));
@@ -391,6 +398,7 @@ pub fn spawn_sampler(node: &Arc<Node>) {
                     .set(st.catch_up.as_ref().map_or(0, |c| c.bytes_per_sec as i64));
                 m.ready.set(n.member.ready() as i64);
                 m.disk_bytes.set(n.member.disk_bytes() as i64);
+                m.checkpoint_bytes.set(n.member.checkpoint_bytes() as i64);
                 if let Some(c) = &m.consumer
                     && consumers_sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
                 {

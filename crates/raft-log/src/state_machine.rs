@@ -17,6 +17,7 @@
 //! state machine's bytes carry their own version (the broker's `BrokerState`), since they also
 //! travel alone to a peer that installs the snapshot.
 
+mod checkpoints;
 pub mod format;
 pub mod restart;
 
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
+use checkpoints::{Checkpoints, Measured};
 use futures::StreamExt;
 use openraft::OptionalSend;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
@@ -118,6 +120,12 @@ struct SnapshotFile {
     data: Vec<u8>,
 }
 
+impl Measured for SnapshotFile {
+    fn bytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+}
+
 impl SnapshotFile {
     /// Reads a snapshot file; `path` names it in errors.
     fn decode(path: &Path, bytes: &[u8]) -> io::Result<SnapshotFile> {
@@ -151,7 +159,7 @@ pub struct Shared<S> {
     /// entries, and with every restart image), keyed by log index. A snapshot is the newest
     /// checkpoint at or below the compaction target, so a peer that installs it replicates every
     /// entry the log still retains after it.
-    checkpoints: Mutex<std::collections::BTreeMap<u64, SnapshotFile>>,
+    checkpoints: Mutex<Checkpoints<SnapshotFile>>,
     /// The index compaction wants a snapshot for (set by `Member::compact`).
     pub(crate) target: std::sync::atomic::AtomicU64,
     /// Apply takes a checkpoint of the (small) state once this many entries were applied since
@@ -184,9 +192,6 @@ pub struct RestartLoad {
     pub bytes: u64,
     pub millis: u64,
 }
-
-/// Checkpoints kept in memory; past it every other one is dropped (the oldest stay reachable).
-const CHECKPOINTS_MAX: usize = 256;
 
 impl<S> Shared<S> {
     pub fn last_applied(&self) -> Option<LogId> {
@@ -233,7 +238,10 @@ impl<S: StateMachine> Adapter<S> {
             applied: Mutex::new((None, StoredMembership::default())),
             snapshot_path,
             current: Mutex::new(current),
-            checkpoints: Mutex::new(std::collections::BTreeMap::new()),
+            checkpoints: Mutex::new(Checkpoints::new(
+                checkpoints::CHECKPOINTS_MAX,
+                checkpoints::CHECKPOINTS_BYTES_MAX,
+            )),
             target: std::sync::atomic::AtomicU64::new(0),
             checkpoint_every: checkpoint_every.max(1),
             last_checkpoint: std::sync::atomic::AtomicU64::new(0),
@@ -384,21 +392,20 @@ impl<S: StateMachine> Shared<S> {
         self.image_writer(restart::Job::Write(log_id.index, file))
     }
 
-    /// Keeps the checkpoint of entry `index`; past [`CHECKPOINTS_MAX`] every other one is dropped.
+    /// Keeps the checkpoint of entry `index`, within the bounds of [`checkpoints`].
     fn checkpoint(&self, index: u64, cp: SnapshotFile) -> io::Result<()> {
         self.last_checkpoint
             .store(index, std::sync::atomic::Ordering::Relaxed);
-        let mut cps = self.checkpoints.lock().map_err(|_| lock_err())?;
-        cps.insert(index, cp);
-        if cps.len() > CHECKPOINTS_MAX {
-            let keys: Vec<u64> = cps.keys().copied().collect();
-            for (i, k) in keys.iter().enumerate() {
-                if i % 2 == 1 && i + 1 < keys.len() {
-                    cps.remove(k);
-                }
-            }
-        }
+        self.checkpoints
+            .lock()
+            .map_err(|_| lock_err())?
+            .insert(index, cp);
         Ok(())
+    }
+
+    /// Bytes of the state checkpoints held in memory.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        self.checkpoints.lock().map_or(0, |c| c.bytes())
     }
 
     fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
@@ -426,19 +433,13 @@ impl<S: StateMachine> RaftSnapshotBuilder<TypeConfig> for Builder<S> {
             .shared
             .target
             .load(std::sync::atomic::Ordering::Relaxed);
-        let file = {
-            let mut cps = self.shared.checkpoints.lock().map_err(|_| lock_err())?;
-            let key = cps.range(..=target).next_back().map(|(k, _)| *k);
-            match key {
-                Some(k) => {
-                    // Older checkpoints are of no further use once this one is the snapshot.
-                    let keep = cps.split_off(&k);
-                    *cps = keep;
-                    cps.get(&k).cloned()
-                }
-                None => None,
-            }
-        };
+        let file = self
+            .shared
+            .checkpoints
+            .lock()
+            .map_err(|_| lock_err())?
+            .take_upto(target)
+            .cloned();
         let file = match file {
             Some(f) => f,
             // No checkpoint covers the target (nothing applied that far yet, or a forced build):
@@ -640,7 +641,7 @@ mod tests {
                 images.push(index);
             }
         }
-        let cps: Vec<u64> = shared.checkpoints.lock().unwrap().keys().copied().collect();
+        let cps: Vec<u64> = shared.checkpoints.lock().unwrap().indexes().collect();
         for (i, cp) in shared.checkpoints.lock().unwrap().iter() {
             // Each holds the state as of its own entry.
             assert_eq!(cp.data, i.to_le_bytes(), "checkpoint {i}");

@@ -384,6 +384,11 @@ impl<S: StateMachine> Member<S> {
         self.store.disk_bytes()
     }
 
+    /// Bytes of the state checkpoints apply holds in memory for the next snapshot.
+    pub fn checkpoint_bytes(&self) -> u64 {
+        self.shared.checkpoint_bytes()
+    }
+
     /// (first index, last index, bytes, modified time) of every sealed segment, oldest first.
     pub fn sealed_segments(&self) -> Vec<(u64, u64, u64, Option<std::time::SystemTime>)> {
         self.store.sealed_segments()

@@ -32,6 +32,19 @@ use crate::types::{NodeId, TypeConfig, Vote};
 
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// How often a connection to a peer is pinged, idle or not, and how long a ping may go unanswered
+/// before the connection is dropped (the next call dials afresh, resolving the peer's name again).
+/// A follower's connection to a peer sits idle until it leads. When the peer's task moved (an
+/// orchestrator gives a restarted task a new address) and the old connection never saw a close,
+/// a new leader's appends went into that connection and timed out until a keep-alive noticed: a
+/// roll on Swarm once saw a restarted follower get nothing for ~2 s after a hand-over. Pinging idle
+/// connections drops such a one within `PEER_PING_EVERY + PEER_PING_TIMEOUT`.
+pub const PEER_PING_EVERY: Duration = Duration::from_secs(1);
+pub const PEER_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+const _: () = assert!(PEER_PING_EVERY.as_millis() >= 500 && PEER_PING_EVERY.as_secs() <= 5);
+const _: () = assert!(PEER_PING_TIMEOUT.as_millis() >= PEER_PING_EVERY.as_millis());
+
 /// The slowest a follower may take in an append and still count as answering: an append of N bytes
 /// gets openraft's deadline plus N bytes at this rate, counted from when the follower could start
 /// on it (its send, or the answer to the one before it on the stream, whichever is later). A
@@ -123,8 +136,9 @@ impl NetworkFactory {
         let ep = ep
             .connect_timeout(Duration::from_millis(500))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(PEER_PING_EVERY)
+            .keep_alive_timeout(PEER_PING_TIMEOUT)
+            .keep_alive_while_idle(true)
             .initial_stream_window_size(8 << 20)
             .initial_connection_window_size(16 << 20);
         let c = ep.connect_lazy();
@@ -672,4 +686,85 @@ pub fn incoming_nodelay(
         }
         s
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// Copies `from` to `to` until `frozen`; then reads and drops what comes, as a peer that
+    /// vanished without a close would. Returns once `from` is closed.
+    async fn pipe(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        frozen: Arc<AtomicBool>,
+    ) {
+        let mut buf = vec![0u8; 16 << 10];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 {
+                return;
+            }
+            if !frozen.load(Ordering::Relaxed) && to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// 1. A connection to a peer that goes silent without a close is dropped while idle, so the
+    ///    next call dials afresh (what a new leader needs when a peer's task moved). A proxy in
+    ///    front of a real gRPC server stops forwarding both ways but keeps its sockets open; the
+    ///    member's channel must close its side within the keep-alive's bound.
+    #[tokio::test]
+    async fn t1_an_idle_connection_to_a_silent_peer_is_dropped() {
+        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(tonic::service::Routes::default())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(server)),
+        );
+        let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_addr = proxy.local_addr().unwrap();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<Instant>();
+        let f = frozen.clone();
+        tokio::spawn(async move {
+            let (client, _) = proxy.accept().await.unwrap();
+            let upstream = TcpStream::connect(server_addr).await.unwrap();
+            let (cr, cw) = client.into_split();
+            let (ur, uw) = upstream.into_split();
+            tokio::spawn(pipe(ur, cw, f.clone()));
+            pipe(cr, uw, f).await;
+            let _ = closed_tx.send(Instant::now());
+        });
+
+        let me = Identity {
+            cluster: "c".into(),
+            broker: "b".into(),
+            node_id: 1,
+            secret: None,
+        };
+        let factory = NetworkFactory::new(me, Default::default(), true, Duration::ZERO, None);
+        let channel = factory.channel(2, &proxy_addr.to_string()).unwrap();
+        // One call opens the connection (the server knows no service: UNIMPLEMENTED).
+        let status = RaftPeerServiceClient::new(channel)
+            .vote(RaftRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        frozen.store(true, Ordering::Relaxed);
+        let silent = Instant::now();
+        let bound = PEER_PING_EVERY + PEER_PING_TIMEOUT + Duration::from_secs(3);
+        let closed = tokio::time::timeout(bound, closed_rx)
+            .await
+            .unwrap_or_else(|_| panic!("the idle connection was still open after {bound:?}"))
+            .unwrap();
+        println!(
+            "connection dropped {:.1} s after the peer went silent",
+            closed.duration_since(silent).as_secs_f64()
+        );
+    }
 }

@@ -1424,9 +1424,14 @@ impl raftmq_raft_log::StateMachine for BrokerState {
     }
 
     fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_into(Vec::new())
+    }
+
+    fn snapshot_into(&self, buf: Vec<u8>) -> Vec<u8> {
         use std::sync::atomic::Ordering::Relaxed;
         let last = self.snapshot_bytes.load(Relaxed);
-        let mut out = format::envelope_to_fill(BROKER_STATE_FORMAT_VERSION, last + last / 8);
+        let mut out =
+            format::envelope_to_fill_in(buf, BROKER_STATE_FORMAT_VERSION, last + last / 8);
         out = postcard_extend(self, out).expect("state always encodes");
         out = postcard_extend(&self.sent_ids, out).expect("ids always encode");
         out = postcard_extend(&self.pop.fifo, out).expect("FIFO state always encodes");
@@ -1865,6 +1870,8 @@ mod tests {
             .encode(),
         );
         let snap = st.snapshot();
+        // Written into a used buffer (a dropped checkpoint's), the same bytes.
+        assert_eq!(st.snapshot_into(vec![0xEE; snap.len() * 2]), snap);
         let mut other = BrokerState::default();
         other.restore(&snap).unwrap();
         assert_eq!(other.offsets.get(&("g".into(), "t".into(), 1)), Some(&1));

@@ -60,6 +60,13 @@ pub trait StateMachine: Send + Sync + 'static {
     fn apply_empty(&mut self, _index: u64) {}
     /// Serialises the state (not the messages) as of the last applied entry.
     fn snapshot(&self) -> Vec<u8>;
+    /// As [`StateMachine::snapshot`], into `buf` (cleared first) where the state machine can:
+    /// apply hands it the buffer of a checkpoint it dropped, so a large state is not written
+    /// into freshly faulted pages at every checkpoint.
+    fn snapshot_into(&self, buf: Vec<u8>) -> Vec<u8> {
+        drop(buf);
+        self.snapshot()
+    }
     /// Replaces the whole state with a snapshot's.
     fn restore(&mut self, data: &[u8]) -> io::Result<()>;
     /// A restart image ([`restart`]): the whole state, with what apply built for the entries after
@@ -160,6 +167,8 @@ pub struct Shared<S> {
     /// checkpoint at or below the compaction target, so a peer that installs it replicates every
     /// entry the log still retains after it.
     checkpoints: Mutex<Checkpoints<SnapshotFile>>,
+    /// The buffer of the last checkpoint dropped, for the next one to be written into.
+    spare: Mutex<Vec<u8>>,
     /// The index compaction wants a snapshot for (set by `Member::compact`).
     pub(crate) target: std::sync::atomic::AtomicU64,
     /// Apply takes a checkpoint of the (small) state once this many entries were applied since
@@ -242,6 +251,7 @@ impl<S: StateMachine> Adapter<S> {
                 checkpoints::CHECKPOINTS_MAX,
                 checkpoints::CHECKPOINTS_BYTES_MAX,
             )),
+            spare: Mutex::new(Vec::new()),
             target: std::sync::atomic::AtomicU64::new(0),
             checkpoint_every: checkpoint_every.max(1),
             last_checkpoint: std::sync::atomic::AtomicU64::new(0),
@@ -354,9 +364,10 @@ impl<S: StateMachine> Shared<S> {
         if !(image_due || checkpoint_due) {
             return Ok(());
         }
+        let spare = std::mem::take(&mut *self.spare.lock().map_err(|_| lock_err())?);
         let (snapshot, image) = {
             let sm = self.sm.read().map_err(|_| lock_err())?;
-            let snapshot = sm.snapshot();
+            let snapshot = sm.snapshot_into(spare);
             let image = match &since {
                 Some(s) if image_due => sm.restart_image(s.0, &snapshot),
                 _ => None,
@@ -396,10 +407,14 @@ impl<S: StateMachine> Shared<S> {
     fn checkpoint(&self, index: u64, cp: SnapshotFile) -> io::Result<()> {
         self.last_checkpoint
             .store(index, std::sync::atomic::Ordering::Relaxed);
-        self.checkpoints
+        let dropped = self
+            .checkpoints
             .lock()
             .map_err(|_| lock_err())?
             .insert(index, cp);
+        if let Some(d) = dropped {
+            *self.spare.lock().map_err(|_| lock_err())? = d.data;
+        }
         Ok(())
     }
 

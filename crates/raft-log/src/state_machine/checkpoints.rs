@@ -57,30 +57,30 @@ impl<T: Measured> Checkpoints<T> {
     }
 
     /// Keeps `cp`, the checkpoint of entry `index`, then thins the others back within bounds.
-    pub fn insert(&mut self, index: u64, cp: T) {
+    /// Returns the last checkpoint dropped (its buffer can serve the next one).
+    pub fn insert(&mut self, index: u64, cp: T) -> Option<T> {
         self.bytes += cp.bytes();
-        if let Some(old) = self.map.insert(index, cp) {
+        let mut dropped = self.map.insert(index, cp);
+        if let Some(old) = &dropped {
             self.bytes -= old.bytes();
         }
         while self.map.len() > 2 && (self.map.len() > self.count_max || self.bytes > self.bytes_max)
         {
-            self.drop_closest();
+            dropped = self.drop_closest();
         }
+        dropped
     }
 
     /// Drops the interior checkpoint whose neighbours are closest together (the oldest such).
-    fn drop_closest(&mut self) {
+    fn drop_closest(&mut self) -> Option<T> {
         let keys: Vec<u64> = self.map.keys().copied().collect();
-        let Some(victim) = keys
+        let victim = keys
             .windows(3)
             .min_by_key(|w| (w[2] - w[0], w[1]))
-            .map(|w| w[1])
-        else {
-            return;
-        };
-        if let Some(cp) = self.map.remove(&victim) {
-            self.bytes -= cp.bytes();
-        }
+            .map(|w| w[1])?;
+        let cp = self.map.remove(&victim)?;
+        self.bytes -= cp.bytes();
+        Some(cp)
     }
 
     /// The newest checkpoint at or below `target`, with every older one dropped (of no further
@@ -159,6 +159,9 @@ mod tests {
         }
         assert_eq!(keys(&c), [1, 5]);
         assert_eq!(c.bytes(), 200);
+        // What goes is handed back (its buffer serves the next checkpoint).
+        assert_eq!(c.insert(6, 70), Some(100));
+        assert_eq!((keys(&c), c.bytes()), (vec![1, 6], 170));
     }
 
     /// 4. A snapshot takes the newest checkpoint at or below its target and drops the older ones.

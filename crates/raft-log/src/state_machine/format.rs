@@ -94,11 +94,17 @@ pub fn versioned(
 /// An empty envelope of `version` (>= 2), with room for `body_capacity` bytes of body: append the
 /// body to it. The same bytes as [`envelope`], without building the body apart and copying it.
 pub fn envelope_to_fill(version: u32, body_capacity: usize) -> Vec<u8> {
+    envelope_to_fill_in(Vec::new(), version, body_capacity)
+}
+
+/// As [`envelope_to_fill`], in `buf` (cleared first): a buffer kept from before keeps its pages.
+pub fn envelope_to_fill_in(mut buf: Vec<u8>, version: u32, body_capacity: usize) -> Vec<u8> {
     debug_assert!(version >= 2, "version 1 is written bare");
-    let mut out = Vec::with_capacity(ENVELOPE_HEADER_BYTES + body_capacity);
-    out.extend_from_slice(&ENVELOPE_MAGIC);
-    out.extend_from_slice(&version.to_le_bytes());
-    out
+    buf.clear();
+    buf.reserve(ENVELOPE_HEADER_BYTES + body_capacity);
+    buf.extend_from_slice(&ENVELOPE_MAGIC);
+    buf.extend_from_slice(&version.to_le_bytes());
+    buf
 }
 
 /// Wraps `body` in the envelope of `version` (>= 2).

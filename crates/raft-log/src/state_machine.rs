@@ -167,8 +167,6 @@ pub struct Shared<S> {
     /// checkpoint at or below the compaction target, so a peer that installs it replicates every
     /// entry the log still retains after it.
     checkpoints: Mutex<Checkpoints<SnapshotFile>>,
-    /// The buffer of the last checkpoint dropped, for the next one to be written into.
-    spare: Mutex<Vec<u8>>,
     /// The index compaction wants a snapshot for (set by `Member::compact`).
     pub(crate) target: std::sync::atomic::AtomicU64,
     /// Apply takes a checkpoint of the (small) state once this many entries were applied since
@@ -251,7 +249,6 @@ impl<S: StateMachine> Adapter<S> {
                 checkpoints::CHECKPOINTS_MAX,
                 checkpoints::CHECKPOINTS_BYTES_MAX,
             )),
-            spare: Mutex::new(Vec::new()),
             target: std::sync::atomic::AtomicU64::new(0),
             checkpoint_every: checkpoint_every.max(1),
             last_checkpoint: std::sync::atomic::AtomicU64::new(0),
@@ -364,7 +361,14 @@ impl<S: StateMachine> Shared<S> {
         if !(image_due || checkpoint_due) {
             return Ok(());
         }
-        let spare = std::mem::take(&mut *self.spare.lock().map_err(|_| lock_err())?);
+        // The buffer of the last checkpoint dropped, for this one to be written into.
+        let spare = self
+            .checkpoints
+            .lock()
+            .map_err(|_| lock_err())?
+            .take_spare()
+            .map(|cp| cp.data)
+            .unwrap_or_default();
         let (snapshot, image) = {
             let sm = self.sm.read().map_err(|_| lock_err())?;
             let snapshot = sm.snapshot_into(spare);
@@ -407,14 +411,10 @@ impl<S: StateMachine> Shared<S> {
     fn checkpoint(&self, index: u64, cp: SnapshotFile) -> io::Result<()> {
         self.last_checkpoint
             .store(index, std::sync::atomic::Ordering::Relaxed);
-        let dropped = self
-            .checkpoints
+        self.checkpoints
             .lock()
             .map_err(|_| lock_err())?
             .insert(index, cp);
-        if let Some(d) = dropped {
-            *self.spare.lock().map_err(|_| lock_err())? = d.data;
-        }
         Ok(())
     }
 

@@ -6,7 +6,8 @@
 //! the checkpoints are bounded by count and by bytes. Past either bound the interior checkpoint
 //! whose neighbours are closest together is dropped: the kept ones stay about evenly spaced over
 //! the log since the last snapshot, the oldest (which covers the widest range of targets) and the
-//! newest are never dropped, and the state stays in memory at most twice over whatever its size.
+//! newest are never dropped. The last one dropped is kept as a spare buffer for the next one to be
+//! written into, so whatever the state's size, at most three copies of it are held.
 
 use std::collections::BTreeMap;
 
@@ -27,6 +28,8 @@ pub trait Measured {
 pub struct Checkpoints<T> {
     map: BTreeMap<u64, T>,
     bytes: u64,
+    /// The last checkpoint dropped by thinning (not counted in `bytes`).
+    spare: Option<T>,
     count_max: usize,
     bytes_max: u64,
 }
@@ -36,6 +39,7 @@ impl<T: Measured> Checkpoints<T> {
         Checkpoints {
             map: BTreeMap::new(),
             bytes: 0,
+            spare: None,
             count_max: count_max.max(2),
             bytes_max,
         }
@@ -56,19 +60,25 @@ impl<T: Measured> Checkpoints<T> {
         self.map.iter()
     }
 
-    /// Keeps `cp`, the checkpoint of entry `index`, then thins the others back within bounds.
-    /// Returns the last checkpoint dropped (its buffer can serve the next one).
-    pub fn insert(&mut self, index: u64, cp: T) -> Option<T> {
+    /// Keeps `cp`, the checkpoint of entry `index`, then thins the others back within bounds,
+    /// keeping the last one dropped as the spare.
+    pub fn insert(&mut self, index: u64, cp: T) {
         self.bytes += cp.bytes();
-        let mut dropped = self.map.insert(index, cp);
-        if let Some(old) = &dropped {
+        if let Some(old) = self.map.insert(index, cp) {
             self.bytes -= old.bytes();
+            self.spare = Some(old);
         }
         while self.map.len() > 2 && (self.map.len() > self.count_max || self.bytes > self.bytes_max)
         {
-            dropped = self.drop_closest();
+            if let Some(cp) = self.drop_closest() {
+                self.spare = Some(cp);
+            }
         }
-        dropped
+    }
+
+    /// The last checkpoint dropped, if any since the last call: its buffer can serve the next one.
+    pub fn take_spare(&mut self) -> Option<T> {
+        self.spare.take()
     }
 
     /// Drops the interior checkpoint whose neighbours are closest together (the oldest such).
@@ -160,7 +170,9 @@ mod tests {
         assert_eq!(keys(&c), [1, 5]);
         assert_eq!(c.bytes(), 200);
         // What goes is handed back (its buffer serves the next checkpoint).
-        assert_eq!(c.insert(6, 70), Some(100));
+        c.insert(6, 70);
+        assert_eq!(c.take_spare(), Some(100));
+        assert_eq!(c.take_spare(), None);
         assert_eq!((keys(&c), c.bytes()), (vec![1, 6], 170));
     }
 

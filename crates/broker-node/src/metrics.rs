@@ -27,6 +27,8 @@ struct M {
     send_seconds: Histogram,
     disk_bytes: IntGauge,
     checkpoint_bytes: IntGauge,
+    state_bytes: IntGauge,
+    checkpoints: IntCounter,
     peer_reachable: IntGaugeVec,
     peer_bytes_per_sec: IntGaugeVec,
     peer_catch_up_pct: IntGaugeVec,
@@ -246,6 +248,16 @@ fn build() -> Option<M> {
             "bytes of state checkpoints held in memory for the next snapshot",
         )
         .ok()?,
+        state_bytes: IntGauge::new(
+            "raftmq_state_snapshot_bytes",
+            "bytes of the state as last checkpointed (paces checkpoints and restart images)",
+        )
+        .ok()?,
+        checkpoints: IntCounter::new(
+            "raftmq_state_checkpoints_total",
+            "checkpoints of the state taken by apply, restart images included",
+        )
+        .ok()?,
         peer_reachable: IntGaugeVec::new(
             Opts::new(
                 "raftmq_raft_peer_reachable",
@@ -300,6 +312,8 @@ fn build() -> Option<M> {
     reg(Box::new(m.send_seconds.clone()));
     reg(Box::new(m.disk_bytes.clone()));
     reg(Box::new(m.checkpoint_bytes.clone()));
+    reg(Box::new(m.state_bytes.clone()));
+    reg(Box::new(m.checkpoints.clone()));
     reg(Box::new(m.peer_reachable.clone()));
     reg(Box::new(m.peer_bytes_per_sec.clone()));
     reg(Box::new(m.peer_catch_up_pct.clone()));
@@ -399,6 +413,10 @@ pub fn spawn_sampler(node: &Arc<Node>) {
                 m.ready.set(n.member.ready() as i64);
                 m.disk_bytes.set(n.member.disk_bytes() as i64);
                 m.checkpoint_bytes.set(n.member.checkpoint_bytes() as i64);
+                let (state_bytes, taken) = n.member.checkpoint_stats();
+                m.state_bytes.set(state_bytes as i64);
+                m.checkpoints
+                    .inc_by(taken.saturating_sub(m.checkpoints.get()));
                 if let Some(c) = &m.consumer
                     && consumers_sampled.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
                 {

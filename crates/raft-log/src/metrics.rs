@@ -7,7 +7,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter};
 
 /// Bucket bounds in seconds, fine below a millisecond where one fsync and one hop fall.
 const BUCKETS: [f64; 15] = [
@@ -49,6 +49,45 @@ static REPLICATE_SECONDS: LazyLock<Option<Histogram>> = LazyLock::new(|| {
         "leader: an append carrying entries, from sending it to a follower to its answer",
     )
 });
+
+/// Bucket bounds in seconds of a checkpoint of the state: milliseconds to seconds.
+const CHECKPOINT_BUCKETS: [f64; 11] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+const _: () = {
+    let mut i = 1;
+    while i < CHECKPOINT_BUCKETS.len() {
+        assert!(
+            CHECKPOINT_BUCKETS[i - 1] < CHECKPOINT_BUCKETS[i],
+            "buckets must increase"
+        );
+        i += 1;
+    }
+};
+
+static CHECKPOINT_SECONDS: LazyLock<Option<HistogramVec>> = LazyLock::new(|| {
+    let h = HistogramVec::new(
+        HistogramOpts::new(
+            "raftmq_state_checkpoint_seconds",
+            "apply held up by a checkpoint of the state (kind: checkpoint, or image when it also \
+             built a restart image)",
+        )
+        .buckets(CHECKPOINT_BUCKETS.to_vec()),
+        &["kind"],
+    )
+    .ok()?;
+    prometheus::register(Box::new(h.clone())).ok()?;
+    Some(h)
+});
+
+/// A checkpoint of the state took `d` of apply's time; `image`: it also built a restart image.
+pub(crate) fn observe_checkpoint(image: bool, d: Duration) {
+    if let Some(h) = CHECKPOINT_SECONDS.as_ref() {
+        h.with_label_values(&[if image { "image" } else { "checkpoint" }])
+            .observe(d.as_secs_f64());
+    }
+}
 
 fn observe(h: &LazyLock<Option<Histogram>>, d: Duration) {
     if let Some(h) = h.as_ref() {

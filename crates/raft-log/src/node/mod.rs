@@ -389,6 +389,11 @@ impl<S: StateMachine> Member<S> {
         self.shared.checkpoint_bytes()
     }
 
+    /// (bytes of the state as last checkpointed, checkpoints taken since start).
+    pub fn checkpoint_stats(&self) -> (u64, u64) {
+        self.shared.checkpoint_stats()
+    }
+
     /// (first index, last index, bytes, modified time) of every sealed segment, oldest first.
     pub fn sealed_segments(&self) -> Vec<(u64, u64, u64, Option<std::time::SystemTime>)> {
         self.store.sealed_segments()

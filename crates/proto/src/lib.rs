@@ -10,6 +10,8 @@
 pub mod codec;
 pub mod eager_end;
 pub mod limits;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// Package `raftmq.v1`.
 #[allow(clippy::all, missing_docs)]

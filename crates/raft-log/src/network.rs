@@ -691,56 +691,13 @@ pub fn incoming_nodelay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{TcpListener, TcpStream};
-
-    /// Copies `from` to `to` until `frozen`; then reads and drops what comes, as a peer that
-    /// vanished without a close would. Returns once `from` is closed.
-    async fn pipe(
-        mut from: tokio::net::tcp::OwnedReadHalf,
-        mut to: tokio::net::tcp::OwnedWriteHalf,
-        frozen: Arc<AtomicBool>,
-    ) {
-        let mut buf = vec![0u8; 16 << 10];
-        while let Ok(n) = from.read(&mut buf).await {
-            if n == 0 {
-                return;
-            }
-            if !frozen.load(Ordering::Relaxed) && to.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    }
 
     /// 1. A connection to a peer that goes silent without a close is dropped while idle, so the
-    ///    next call dials afresh (what a new leader needs when a peer's task moved). A proxy in
-    ///    front of a real gRPC server stops forwarding both ways but keeps its sockets open; the
-    ///    member's channel must close its side within the keep-alive's bound.
+    ///    next call dials afresh (what a new leader needs when a peer's task moved): the member's
+    ///    channel must close its side within the keep-alive's bound.
     #[tokio::test]
     async fn t1_an_idle_connection_to_a_silent_peer_is_dropped() {
-        let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server_addr = server.local_addr().unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_routes(tonic::service::Routes::default())
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(server)),
-        );
-        let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let proxy_addr = proxy.local_addr().unwrap();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<Instant>();
-        let f = frozen.clone();
-        tokio::spawn(async move {
-            let (client, _) = proxy.accept().await.unwrap();
-            let upstream = TcpStream::connect(server_addr).await.unwrap();
-            let (cr, cw) = client.into_split();
-            let (ur, uw) = upstream.into_split();
-            tokio::spawn(pipe(ur, cw, f.clone()));
-            pipe(cr, uw, f).await;
-            let _ = closed_tx.send(Instant::now());
-        });
-
+        let peer = raftmq_proto::testing::SilentPeer::start().await;
         let me = Identity {
             cluster: "c".into(),
             broker: "b".into(),
@@ -748,23 +705,15 @@ mod tests {
             secret: None,
         };
         let factory = NetworkFactory::new(me, Default::default(), true, Duration::ZERO, None);
-        let channel = factory.channel(2, &proxy_addr.to_string()).unwrap();
-        // One call opens the connection (the server knows no service: UNIMPLEMENTED).
+        let channel = factory.channel(2, &peer.addr.to_string()).unwrap();
+        // One call opens the connection (the peer knows no service: UNIMPLEMENTED).
         let status = RaftPeerServiceClient::new(channel)
             .vote(RaftRequest::default())
             .await
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unimplemented);
-        frozen.store(true, Ordering::Relaxed);
-        let silent = Instant::now();
         let bound = PEER_PING_EVERY + PEER_PING_TIMEOUT + Duration::from_secs(3);
-        let closed = tokio::time::timeout(bound, closed_rx)
-            .await
-            .unwrap_or_else(|_| panic!("the idle connection was still open after {bound:?}"))
-            .unwrap();
-        println!(
-            "connection dropped {:.1} s after the peer went silent",
-            closed.duration_since(silent).as_secs_f64()
-        );
+        let secs = peer.silence_until_closed(bound).await;
+        println!("connection dropped {secs:.1} s after the peer went silent");
     }
 }

@@ -39,6 +39,14 @@ pub const RETRY_WINDOW: Duration = Duration::from_secs(3);
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// A node that has not accepted a connection in this long is treated as down.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+/// Every connection to another node is pinged this often, idle or not, and dropped when a ping
+/// goes unanswered this long; the next call dials afresh and resolves the name again. Without
+/// pings while idle, a connection to a node that vanished without a close (its task moved, a
+/// partition) stayed cached, and every call through it waited out its timeout.
+pub const NODE_PING_EVERY: Duration = Duration::from_secs(1);
+pub const NODE_PING_TIMEOUT: Duration = Duration::from_secs(2);
+const _: () = assert!(NODE_PING_EVERY.as_millis() >= 500 && NODE_PING_EVERY.as_secs() <= 5);
+const _: () = assert!(NODE_PING_TIMEOUT.as_millis() >= NODE_PING_EVERY.as_millis());
 /// Leader hints followed in a row before pausing (two nodes naming each other during a change).
 const HOPS_MAX: u32 = 4;
 /// Largest gRPC message to or from another node (a pop or pull of large messages).
@@ -162,8 +170,9 @@ impl Pool {
         let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5));
+            .http2_keep_alive_interval(NODE_PING_EVERY)
+            .keep_alive_timeout(NODE_PING_TIMEOUT)
+            .keep_alive_while_idle(true);
         let channel =
             InterceptedService::new(EagerEnd(endpoint.connect_lazy()), self.signer.clone());
         channels.insert(address.to_string(), channel.clone());
@@ -513,5 +522,24 @@ mod tests {
             Error::Rpc { address, .. } => assert_eq!(address, "127.0.0.1:9"),
             other => panic!("expected a transport error, got {other}"),
         }
+    }
+
+    /// 33. A pooled connection to a node that goes silent without a close is dropped while
+    ///     idle: the pool's side closes within the pings' bound.
+    #[tokio::test]
+    async fn t33_an_idle_connection_to_a_silent_node_is_dropped() {
+        let peer = raftmq_proto::testing::SilentPeer::start().await;
+        let pool = Pool::new(None, Signer::default());
+        // One call opens the connection.
+        let status = pool
+            .broker(&peer.addr.to_string())
+            .unwrap()
+            .node_status(NodeStatusRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        let bound = NODE_PING_EVERY + NODE_PING_TIMEOUT + Duration::from_secs(3);
+        let secs = peer.silence_until_closed(bound).await;
+        println!("connection dropped {secs:.1} s after the node went silent");
     }
 }

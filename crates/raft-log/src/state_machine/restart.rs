@@ -54,6 +54,8 @@ pub(crate) struct ImageFile {
 }
 
 impl ImageFile {
+    /// The file's bytes in one buffer: what the writer's [`Self::head`] and data add up to.
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> io::Result<Vec<u8>> {
         // Sized ahead: growing a buffer of megabytes costs its copies and fresh pages.
         let mut out = Vec::with_capacity(4 + self.data.len() + 256);
@@ -61,6 +63,33 @@ impl ImageFile {
         out = crate::encoding::postcard_extend(self, out).map_err(io::Error::other)?;
         let crc = crc32fast::hash(&out[4..]);
         out[..4].copy_from_slice(&crc.to_le_bytes());
+        Ok(out)
+    }
+
+    /// The bytes of [`Self::encode`] before the data (the checksum, `prev`, `meta` and the
+    /// data's length), so the writer writes the data from where it is: a copy of an image of tens
+    /// of megabytes into a fresh buffer cost the writer's thread most of its time (page faults
+    /// included) at 1,000 topics.
+    pub(crate) fn head(&self) -> io::Result<Vec<u8>> {
+        /// `ImageFile` up to its data's length prefix (postcard writes a byte string's length
+        /// as it writes a `usize`).
+        #[derive(Serialize)]
+        struct Head<'a> {
+            prev: u64,
+            meta: &'a SnapshotMeta,
+            len: usize,
+        }
+        let head = Head {
+            prev: self.prev,
+            meta: &self.meta,
+            len: self.data.len(),
+        };
+        let mut out =
+            crate::encoding::postcard_extend(&head, vec![0u8; 4]).map_err(io::Error::other)?;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&out[4..]);
+        crc.update(&self.data);
+        out[..4].copy_from_slice(&crc.finalize().to_le_bytes());
         Ok(out)
     }
 
@@ -185,17 +214,22 @@ fn run(dir: &Path, job: Job) -> io::Result<()> {
         Job::Write(index, file) => {
             let started = std::time::Instant::now();
             std::fs::create_dir_all(dir)?;
-            let bytes = file.encode()?;
+            let head = file.head()?;
             let path = path_of(dir, index);
             let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, &bytes)?;
-            std::fs::File::open(&tmp)?.sync_all()?;
+            {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&head)?;
+                f.write_all(&file.data)?;
+                f.sync_all()?;
+            }
             std::fs::rename(&tmp, &path)?;
             crate::log_store::sync_dir(dir)?;
             tracing::debug!(
                 index,
                 prev = file.prev,
-                bytes = bytes.len(),
+                bytes = head.len() + file.data.len(),
                 ms = started.elapsed().as_millis() as u64,
                 "restart image written"
             );
@@ -279,6 +313,17 @@ mod tests {
             data: &file.data,
         };
         assert_eq!(bytes[4..], postcard::to_stdvec(&plain).unwrap()[..]);
+        // The writer's two parts, the head and the data, make the same bytes.
+        let mut parts = file.head().unwrap();
+        parts.extend_from_slice(&file.data);
+        assert_eq!(parts, bytes);
+        let big = ImageFile {
+            data: vec![7; 300],
+            ..file.clone()
+        };
+        let mut parts = big.head().unwrap();
+        parts.extend_from_slice(&big.data);
+        assert_eq!(parts, big.encode().unwrap(), "a length of two varint bytes");
         let back = ImageFile::decode(Path::new("x.img"), &bytes).unwrap();
         assert_eq!(
             (back.prev, back.meta, back.data),

@@ -127,7 +127,12 @@ pub const SNAPSHOT_FILE_FORMAT_VERSION: u32 = 1;
 /// re-applies up to this many times the state's size of log (640 MB for a 40 MB state), and a
 /// retention trim may keep as much more log than its point asks for.
 pub const STATE_REWRITE_RATIO: u64 = 32;
+/// The most log [`STATE_REWRITE_RATIO`] may put between two checkpoints (1 GiB): a state of
+/// hundreds of megabytes is rewritten more often than the ratio says rather than leave a
+/// restart gigabytes to re-apply, or a retention trim that much log to keep.
+pub const STATE_REWRITE_BYTES_MAX: u64 = 1 << 30;
 const _: () = assert!(STATE_REWRITE_RATIO >= 1);
+const _: () = assert!(STATE_REWRITE_BYTES_MAX >= crate::config::RESTART_IMAGE_BYTES_DEFAULT);
 
 /// `sm/snapshot.bin` (format version 1, byte layout in the module doc). Field order is the order on
 /// disk: never reorder or change the fields; a new layout is a new format version.
@@ -373,7 +378,8 @@ impl<S: StateMachine> Shared<S> {
         let rewrite = self
             .state_bytes
             .load(Relaxed)
-            .saturating_mul(STATE_REWRITE_RATIO);
+            .saturating_mul(STATE_REWRITE_RATIO)
+            .min(STATE_REWRITE_BYTES_MAX);
         let (mut since, image_due) = match &self.images {
             Some(images) => {
                 let mut since = images.since.lock().map_err(|_| lock_err())?;
@@ -746,8 +752,9 @@ mod tests {
     }
 
     /// 2. A large state is rewritten only after [`STATE_REWRITE_RATIO`] times its size was
-    ///    applied since the last checkpoint or image, whatever the entry count and image bytes
-    ///    allow: its serialisation stays a fixed share of apply's work.
+    ///    applied since the last checkpoint or image (at most [`STATE_REWRITE_BYTES_MAX`]),
+    ///    whatever the entry count and image bytes allow: its serialisation stays a fixed share
+    ///    of apply's work.
     #[test]
     fn t2_a_large_state_is_checkpointed_after_its_size_times_the_ratio() {
         // A state whose size times the ratio is 1,728 bytes: checkpoints at least 6 entries of
@@ -766,6 +773,11 @@ mod tests {
         assert_eq!(images, [6, 12, 18]);
         assert_eq!(cps, [1, 6, 12, 18]);
         assert_eq!(snaps, 4);
+        // A state of 40 MB would wait for 1.28 GB; the bound, 1 GiB, comes first: 4 entries of
+        // 300 MB, so checkpoints at 1, 5 and 9 (5 is then dropped: the three are over 64 MiB).
+        let big = (40 << 20) - 8;
+        let (cps, _, snaps) = checkpoints_and_images_of(sm(big), 1, 0, 10, 300 << 20);
+        assert_eq!((cps, snaps), (vec![1, 9], 3));
         // A small state keeps the cadence the entry count and image bytes set.
         let (cps, images, _) = checkpoints_and_images_of(sm(0), 1, 1000, 8, 300);
         assert_eq!((cps, images), (vec![1, 2, 3, 4, 5, 6, 7, 8], vec![4, 8]));

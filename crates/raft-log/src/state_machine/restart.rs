@@ -68,8 +68,8 @@ impl ImageFile {
 
     /// The bytes of [`Self::encode`] before the data (the checksum, `prev`, `meta` and the
     /// data's length), so the writer writes the data from where it is: a copy of an image of tens
-    /// of megabytes into a fresh buffer cost the writer's thread most of its time (page faults
-    /// included) at 1,000 topics.
+    /// of megabytes into a fresh buffer, page faults included, was 2.4 % of a follower's samples
+    /// at 1,000 topics (of 5.7 % in the writer's thread).
     pub(crate) fn head(&self) -> io::Result<Vec<u8>> {
         /// `ImageFile` up to its data's length prefix (postcard writes a byte string's length
         /// as it writes a `usize`).

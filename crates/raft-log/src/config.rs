@@ -62,7 +62,8 @@ pub struct RaftConfig {
     /// catching up gets the log in appends of bounded work, each with a deadline for its bytes.
     pub append_bytes_max: u64,
     /// Bytes a second a follower catching up from the leader's disk may take while clients write
-    /// to the group (0: unpaced); on an idle group catch-up runs unpaced.
+    /// to the group (0: unpaced), and never less than `log_store::pacer::CATCH_UP_GAIN` times
+    /// what they write; on an idle group catch-up runs unpaced.
     pub catch_up_bytes_per_sec_busy: u64,
     /// Optional shared secret that every peer request must carry.
     pub peer_secret: Option<String>,

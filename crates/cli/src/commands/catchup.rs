@@ -223,15 +223,32 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
     let acked_during = load.as_ref().map_or(0, |l| l.acked()) - acked_before;
     let bytes = dir_bytes(&data_dir.join("log")).saturating_sub(bytes_before);
     // Ready: the health service's readiness (leader known, caught up with what it commits now).
+    // Under a load the leader's commit index moves on while the follower closes the gap, so this
+    // can come well after it held the index it was restarted for; wait for it within the same
+    // timeout, showing how far the follower is from what the leader commits now.
     let ready_at = if caught_up.is_some() {
-        let until = Instant::now() + Duration::from_secs(30);
+        let mut next_line = Instant::now() + Duration::from_secs(1);
         loop {
             let st = status_of(&admin, &cluster, follower).await;
             if st.as_ref().is_some_and(|s| s.ready) {
                 break Some(t0.elapsed());
             }
-            if Instant::now() > until {
+            if Instant::now() > deadline {
                 break None;
+            }
+            if Instant::now() >= next_line {
+                let shown = st
+                    .as_ref()
+                    .and_then(|s| s.catch_up.as_ref())
+                    .map_or_else(String::new, |c| {
+                        format!("  [{}]", crate::output::catch_up_words(c))
+                    });
+                eprintln!(
+                    "  {:>6.1} s  node {follower} at {:>7}, not ready yet{shown}",
+                    t0.elapsed().as_secs_f64(),
+                    st.as_ref().map_or(0, |s| s.last_log_index),
+                );
+                next_line += Duration::from_secs(1);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -285,7 +302,10 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
             ],
             vec![
                 "ready".into(),
-                ready_at.map_or("no".into(), |d| format!("{:.1} s", d.as_secs_f64())),
+                ready_at.map_or_else(
+                    || format!("NO within {} s", args.timeout_secs),
+                    |d| format!("{:.1} s", d.as_secs_f64()),
+                ),
             ],
             vec![
                 "term".into(),

@@ -38,6 +38,7 @@ pub mod retention;
 pub mod service;
 pub mod state;
 pub mod timer;
+pub mod topic_map;
 
 use std::future::Future;
 use std::sync::Arc;

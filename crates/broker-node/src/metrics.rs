@@ -150,7 +150,7 @@ impl ConsumerGauges {
     /// Sets every figure from the applied state (`now_ms`: the leader's clock).
     fn sample(&self, st: &BrokerState, now_ms: u64) {
         self.reset();
-        for (name, t) in &st.topics {
+        for (name, t) in st.topics.unordered() {
             let end: u64 = t.queues.iter().map(|q| q.next_offset).sum();
             let bytes: u64 = t.queues.iter().map(|q| q.bytes).sum();
             self.topic_end.with_label_values(&[name]).set(end as i64);

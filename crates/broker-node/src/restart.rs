@@ -69,7 +69,7 @@ pub fn image(s: &BrokerState, since: u64, snapshot: &[u8]) -> Vec<u8> {
     // What the body will take, about (varints at their widest for runs): a buffer of megabytes
     // grown by doubling cost its copies and fresh pages.
     let mut estimate = 4096 + s.offset_times.len() * 64;
-    for (name, t) in &s.topics {
+    for (name, t) in s.topics.unordered() {
         for (qi, q) in t.queues.iter().enumerate() {
             let from = q.runs.partition_point(|r| r.log_index <= since);
             let Some(first) = q.runs.get(from).map(|r| r.first_offset) else {
@@ -203,7 +203,7 @@ pub fn load(images: &[Vec<u8>]) -> io::Result<BrokerState> {
     s.stamped_ms = last.stamped_ms;
     s.offset_times = last.offset_times;
     let trimmed = s.trimmed_index;
-    for (name, t) in &mut s.topics {
+    for (name, t) in s.topics.unordered_mut() {
         for (qi, q) in t.queues.iter_mut().enumerate() {
             let d = acc.remove(&(name.clone(), qi as u32));
             // A queue that serves nothing has no runs; what was gathered under its name is of
@@ -384,7 +384,7 @@ mod tests {
             assert_eq!(back.timer.image(), live.timer.image(), "seed {seed}");
             assert_eq!(back.stamped_ms, live.stamped_ms);
             assert_eq!(back.topics.len(), live.topics.len());
-            for (name, t) in &live.topics {
+            for (name, t) in live.topics.unordered() {
                 for (qi, q) in t.queues.iter().enumerate() {
                     same_queue(name, qi, &back.topics[name].queues[qi], q);
                 }

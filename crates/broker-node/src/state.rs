@@ -21,6 +21,7 @@ use crate::command::{BodyView, CommandView, Reply, check_command_format};
 use crate::lookup::Lookup;
 use crate::pop::{self, PopState, TAGS_MIXED};
 use crate::timer::Timer;
+use crate::topic_map::TopicMap;
 use raftmq_rocketmq_v2::convert::P_MSGID;
 
 /// The format version of the broker-state snapshot this build writes and the newest it reads.
@@ -412,7 +413,8 @@ struct ProducerWindow {
 /// In snapshots (format: [`BROKER_STATE_FORMAT_VERSION`]): never reorder or change the fields.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct BrokerState {
-    pub topics: BTreeMap<String, TopicState>,
+    /// Encoded in name order, as the `BTreeMap` it was (see [`TopicMap`]).
+    pub topics: TopicMap,
     /// (group, topic, queue) → next offset to consume.
     pub offsets: BTreeMap<(String, String, u32), u64>,
     producers: Producers,
@@ -493,7 +495,7 @@ pub fn parse_origin(v: &str) -> Option<(u64, u32)> {
 /// Version 1 of the snapshot: [`BrokerState`]'s first fields, as earlier builds wrote them.
 #[derive(Deserialize)]
 struct BrokerStateV1 {
-    topics: BTreeMap<String, TopicState>,
+    topics: TopicMap,
     offsets: BTreeMap<(String, String, u32), u64>,
     producers: Producers,
     last_applied: u64,
@@ -528,7 +530,8 @@ impl From<BrokerStateV1> for BrokerState {
 impl BrokerState {
     pub fn topic_list(&self) -> Vec<(String, u32)> {
         self.topics
-            .iter()
+            .sorted()
+            .into_iter()
             .map(|(n, t)| (n.clone(), t.queues.len() as u32))
             .collect()
     }

@@ -14,7 +14,8 @@ impl Broker {
         let state = n.state();
         let queues = state
             .topics
-            .iter()
+            .sorted()
+            .into_iter()
             .flat_map(|(t, ts)| {
                 ts.queues.iter().enumerate().map(move |(i, q)| QueueStatus {
                     topic: t.clone(),

@@ -122,7 +122,9 @@ mod tests {
     ///    insertion, and decoded back to the same map; listed in name order.
     #[test]
     fn t1_encoded_and_listed_in_name_order() {
-        let names: Vec<String> = (0..300).map(|i| format!("t-{:03}", (i * 7919) % 300)).collect();
+        let names: Vec<String> = (0..300)
+            .map(|i| format!("t-{:03}", (i * 7919) % 300))
+            .collect();
         let mut map = TopicMap::default();
         let mut tree = BTreeMap::new();
         for (i, n) in names.iter().enumerate() {

@@ -113,6 +113,15 @@ pub(crate) async fn status_of(
         .and_then(|(_, s)| s)
 }
 
+/// A progress line's note of the follower's catch-up (progress and rate), empty when it is not
+/// catching up or did not answer.
+fn catch_up_shown(st: Option<&NodeStatusResponse>) -> String {
+    st.and_then(|s| s.catch_up.as_ref())
+        .map_or_else(String::new, |c| {
+            format!("  [{}]", crate::output::catch_up_words(c))
+        })
+}
+
 /// Messages the load acknowledged over `d` from now.
 async fn load_rate(load: &Load, d: Duration) -> f64 {
     let a0 = load.acked();
@@ -201,12 +210,7 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
         if Instant::now() >= next_line {
             let secs = t0.elapsed().as_secs_f64();
             let mb = dir_bytes(&data_dir.join("log")).saturating_sub(bytes_before) as f64 / 1e6;
-            let shown = st
-                .as_ref()
-                .and_then(|s| s.catch_up.as_ref())
-                .map_or_else(String::new, |c| {
-                    format!("  [{}]", crate::output::catch_up_words(c))
-                });
+            let shown = catch_up_shown(st.as_ref());
             eprintln!(
                 "  {secs:>6.1} s  node {follower} at {at:>7} of {target} ({:>5.1} %)  {mb:>8.0} MB written  term {max_term}{shown}",
                 at as f64 * 100.0 / target.max(1) as f64,
@@ -237,12 +241,7 @@ pub async fn run(json: bool, args: CatchupArgs) -> Result<()> {
                 break None;
             }
             if Instant::now() >= next_line {
-                let shown = st
-                    .as_ref()
-                    .and_then(|s| s.catch_up.as_ref())
-                    .map_or_else(String::new, |c| {
-                        format!("  [{}]", crate::output::catch_up_words(c))
-                    });
+                let shown = catch_up_shown(st.as_ref());
                 eprintln!(
                     "  {:>6.1} s  node {follower} at {:>7}, not ready yet{shown}",
                     t0.elapsed().as_secs_f64(),

@@ -103,6 +103,18 @@ impl Pacer {
 mod tests {
     use super::*;
 
+    /// A pacer held to `rate` that saw `appended` bytes over its first sample, and the instant
+    /// that sample ends; the read that takes the sample (4 MiB) went unpaced, as a first read does.
+    fn busy_after_one_sample(rate: u64, appended: u64) -> (Pacer, Instant) {
+        let t0 = Instant::now();
+        let p = Pacer::new(t0);
+        p.set_busy_rate(rate);
+        p.note_appended(appended);
+        let t1 = t0 + SAMPLE;
+        assert_eq!(p.delay_for(4 << 20, t1), Duration::ZERO);
+        (p, t1)
+    }
+
     #[test]
     fn t01_an_idle_group_reads_unpaced() {
         let t0 = Instant::now();
@@ -119,13 +131,8 @@ mod tests {
 
     #[test]
     fn t02_while_clients_write_reads_are_held_to_the_rate() {
-        let t0 = Instant::now();
-        let p = Pacer::new(t0);
-        p.set_busy_rate(64 << 20);
         // 10 MiB appended in the first sample: busy from the next read on.
-        p.note_appended(10 << 20);
-        let t1 = t0 + SAMPLE;
-        assert_eq!(p.delay_for(4 << 20, t1), Duration::ZERO);
+        let (p, t1) = busy_after_one_sample(64 << 20, 10 << 20);
         // Each 4 MiB read then takes 1/16 s of the budget.
         let d = p.delay_for(4 << 20, t1);
         assert_eq!(d, Duration::from_millis(62) + Duration::from_micros(500));
@@ -147,13 +154,8 @@ mod tests {
 
     #[test]
     fn t04_reads_outpace_appends_above_the_configured_rate() {
-        let t0 = Instant::now();
-        let p = Pacer::new(t0);
-        p.set_busy_rate(64 << 20);
         // 64 MiB appended over one 500 ms sample: 128 MiB/s, so reads may take 256 MiB/s.
-        p.note_appended(64 << 20);
-        let t1 = t0 + SAMPLE;
-        assert_eq!(p.delay_for(4 << 20, t1), Duration::ZERO);
+        let (p, t1) = busy_after_one_sample(64 << 20, 64 << 20);
         let d = p.delay_for(4 << 20, t1);
         assert_eq!(d, Duration::from_micros(15_625), "4 MiB at 256 MiB/s");
         // A slower load (16 MiB/s, doubled: 32) leaves the configured 64 MiB/s in force.

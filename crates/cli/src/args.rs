@@ -731,7 +731,8 @@ pub enum BenchCmd {
         /// Seconds the load's rate is measured before the kill.
         #[arg(long, default_value_t = 8)]
         baseline_secs: u64,
-        /// Give up when it has not caught up, or not become ready, this many seconds after its restart.
+        /// Give up when it has not caught up, or not become ready, this many seconds after its
+        /// restart.
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },

@@ -69,13 +69,13 @@ pub struct RaftConfig {
     pub peer_secret: Option<String>,
     /// The state is checkpointed every this many entries (and with every restart image), but
     /// not before `state_machine::STATE_REWRITE_RATIO` times its size (at most 1 GiB) was
-    /// applied since the last checkpoint; retention snapshots and purges at the newest checkpoint below its trim
-    /// point.
+    /// applied since the last checkpoint; retention snapshots and purges at the newest
+    /// checkpoint below its trim point.
     pub checkpoint_every_entries: u64,
     /// A restart image (the state and what apply built, `sm/restart/`) is written each time this
     /// many payload bytes were applied since the last one, and `STATE_REWRITE_RATIO` times the
-    /// state's size (at most 1 GiB) if that is more, so a restart re-applies at most about the larger of the two
-    /// of the log. 0: no images (a restart re-applies the whole retained log).
+    /// state's size (at most 1 GiB) if that is more, so a restart re-applies at most about the
+    /// larger of the two of the log. 0: no images (a restart re-applies the whole retained log).
     pub restart_image_bytes: u64,
     /// Send appends to a follower without waiting for the previous one's answer (one ordered
     /// gRPC stream per follower). Off: one AppendEntries RPC at a time.

@@ -140,6 +140,9 @@ impl<S: StateMachine> Member<S> {
                 loaded.index
             );
         }
+        shared
+            .stagger(cfg.node_id)
+            .map_err(|e| Error::io("stagger the checkpoints in", &sm_dir, e))?;
         let me = Identity {
             cluster: cfg.cluster.clone(),
             broker: cfg.broker.clone(),

@@ -135,8 +135,8 @@ const _: () = assert!(STATE_REWRITE_RATIO >= 1);
 const _: () = assert!(STATE_REWRITE_BYTES_MAX >= crate::config::RESTART_IMAGE_BYTES_DEFAULT);
 
 /// Members of a group start their checkpoint and image counters at this many different points
-/// ([`Shared::stagger`]): three, the usual group, each a third of the image interval from the
-/// next.
+/// ([`Shared::stagger`]): three, the usual group, each a third of `raft.restart_image_bytes`
+/// from the next.
 pub const STAGGER_PHASES: u64 = 3;
 const _: () = assert!(STAGGER_PHASES >= 1);
 
@@ -376,9 +376,11 @@ impl<S: StateMachine> Shared<S> {
     /// state at the same entry: on shared cores each stall was the longer for the others' (1,000
     /// topics, an 18 MB state: three nodes built an image at once and each held its apply up
     /// for 260–390 ms, ~200 ms of CPU each). A member starts both byte counters ahead by its
-    /// share of [`STAGGER_PHASES`] of the image interval, after its restart images are loaded;
-    /// the offset stays while the replicas apply the same entries, as each counts from its own
-    /// last image. Without images (`restart_image_bytes` 0) nothing changes.
+    /// share of [`STAGGER_PHASES`] of `restart_image_bytes` (0, 43 or 85 MiB at the default),
+    /// after its restart images are loaded. That many bytes stay between the members' images
+    /// while they apply the same entries, as each counts from its own last image, also when a
+    /// large state spaces images further apart ([`STATE_REWRITE_RATIO`]; at 18 MB, ~590 MB).
+    /// Without images (`restart_image_bytes` 0) nothing changes.
     pub fn stagger(&self, node_id: u64) -> io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
         let Some(images) = &self.images else {

@@ -32,7 +32,7 @@
 //! key, which may go to any group of the topic, is held to the strictest of them. Batches are
 //! closed at the smaller of this producer's limits and the group's.
 
-use std::collections::{HashMap as StdHashMap, HashSet as StdHashSet};
+use std::collections::{BTreeMap, HashMap as StdHashMap, HashSet as StdHashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -442,15 +442,45 @@ struct Pending {
 type BatchKey = (Arc<str>, Option<QueueId>);
 
 /// A stream of batches to one queue with at most one batch in flight, its own producer id and
-/// sequences: (topic, queue, lane). Keyed messages use lane 0 only; messages without a key use
-/// lanes `1..=unkeyed_lanes_per_queue`.
-type Lane = (String, QueueId, usize);
+/// sequences. Keyed messages use lane 0 only ([`KEYED_LANE`]); messages without a key use lanes
+/// `1..=unkeyed_lanes_per_queue`. Named by its queue's block of lanes ([`LaneBlocks`]) and its
+/// number there: copied, never allocated, and found without a lookup when its batch is answered
+/// (a producer spreading over thousands of queues sends and finishes a lane per message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lane {
+    block: u32,
+    lane: usize,
+}
 
 const KEYED_LANE: usize = 0;
+
+/// The lanes of every queue the batcher has known, a block per queue, for the producer's life:
+/// a queue that leaves its topic's route keeps its block among the orphans, so its lanes'
+/// sequences never restart under the same producer id.
+#[derive(Default)]
+struct LaneBlocks(Vec<Vec<LaneState>>);
+
+impl LaneBlocks {
+    /// A new block of `lanes` idle lanes.
+    fn make(&mut self, lanes: usize) -> u32 {
+        self.0.push(vec![LaneState::default(); lanes]);
+        u32::try_from(self.0.len() - 1).expect("fewer than 2^32 queues")
+    }
+
+    fn block(&self, block: u32) -> &[LaneState] {
+        &self.0[block as usize]
+    }
+
+    fn get_mut(&mut self, l: Lane) -> &mut LaneState {
+        &mut self.0[l.block as usize][l.lane]
+    }
+}
 
 struct OpenBatch {
     msgs: Vec<Pending>,
     first_at: Instant,
+    /// Its place in [`Batcher::order`].
+    seq: u64,
     /// The bytes of `msgs`.
     bytes: usize,
     /// The messages and bytes that make it ready without lingering: its limits
@@ -458,7 +488,7 @@ struct OpenBatch {
     full_at: (usize, usize),
 }
 
-/// A topic as the batcher knows it: its route and the state of its lanes, found with one
+/// A topic as the batcher knows it: its route and the lanes of its queues, found with one
 /// lookup of the topic (a producer spreading over thousands of queues probes several lanes per
 /// message, and maps keyed by whole lanes cost it a cache miss or more per probe).
 struct TopicEntry {
@@ -466,8 +496,10 @@ struct TopicEntry {
     route: Arc<TopicRoute>,
     /// Its queues, sorted.
     queues: Vec<QueueId>,
-    /// Per queue of `queues`, its lanes: [`KEYED_LANE`], then the unkeyed ones.
-    lanes: Vec<Vec<LaneState>>,
+    /// Per queue of `queues`, its block of lanes: [`KEYED_LANE`], then the unkeyed ones.
+    lanes: Vec<u32>,
+    /// Round robin over `queues` for messages without a key.
+    selector: QueueSelector,
     /// The name the topic's open batches share.
     name: Arc<str>,
 }
@@ -482,12 +514,18 @@ struct LaneState {
 
 impl TopicEntry {
     /// `lanes`: lanes per queue, the keyed one included.
-    fn new(route: Arc<TopicRoute>, name: Arc<str>, lanes: usize) -> TopicEntry {
+    fn new(
+        route: Arc<TopicRoute>,
+        name: Arc<str>,
+        blocks: &mut LaneBlocks,
+        lanes: usize,
+    ) -> TopicEntry {
         let queues = route.queues();
         TopicEntry {
-            lanes: vec![vec![LaneState::default(); lanes]; queues.len()],
+            lanes: queues.iter().map(|_| blocks.make(lanes)).collect(),
             route,
             queues,
+            selector: QueueSelector::default(),
             name,
         }
     }
@@ -495,19 +533,25 @@ impl TopicEntry {
     /// Takes a newer route. The lanes (a batch in flight, the producer id and the sequence) of a
     /// queue the route no longer has move to `orphans`, and those of a queue it has again come
     /// back, so a lane's sequences never restart under the same producer id.
-    fn update(&mut self, route: Arc<TopicRoute>, lanes: usize, orphans: &mut Orphans) {
+    fn update(
+        &mut self,
+        route: Arc<TopicRoute>,
+        blocks: &mut LaneBlocks,
+        lanes: usize,
+        orphans: &mut Orphans,
+    ) {
         let queues = route.queues();
-        let mut old: Vec<(QueueId, Vec<LaneState>)> = std::mem::take(&mut self.queues)
+        let old: Vec<(QueueId, u32)> = std::mem::take(&mut self.queues)
             .into_iter()
             .zip(std::mem::take(&mut self.lanes))
             .collect();
         let kept = queues
             .iter()
             .map(|q| match old.binary_search_by(|(o, _)| o.cmp(q)) {
-                Ok(i) => std::mem::take(&mut old[i].1),
+                Ok(i) => old[i].1,
                 Err(_) => orphans
                     .remove(&(self.name.clone(), q.clone()))
-                    .unwrap_or_else(|| vec![LaneState::default(); lanes]),
+                    .unwrap_or_else(|| blocks.make(lanes)),
             })
             .collect();
         for (q, l) in old {
@@ -518,15 +562,16 @@ impl TopicEntry {
         (self.route, self.queues, self.lanes) = (route, queues, kept);
     }
 
-    fn lanes(&self, queue: &QueueId) -> Option<&Vec<LaneState>> {
+    /// The block of lanes of `queue`, if the route has it.
+    fn block(&self, queue: &QueueId) -> Option<u32> {
         let q = self.queues.binary_search(queue).ok()?;
-        Some(&self.lanes[q])
+        Some(self.lanes[q])
     }
 }
 
-/// The lanes of queues their topic's newest route does not have (a keyed batch may still be
-/// open or in flight for one), by topic and queue.
-type Orphans = HashMap<(Arc<str>, QueueId), Vec<LaneState>>;
+/// The blocks of lanes of queues their topic's newest route does not have (a keyed batch may
+/// still be open or in flight for one), by topic and queue.
+type Orphans = HashMap<(Arc<str>, QueueId), u32>;
 
 /// A call finished: its broker group and the lanes of its parts.
 type Done = (String, Vec<Lane>);
@@ -538,12 +583,20 @@ struct Batcher {
     router: Arc<Router>,
     config: ProducerConfig,
     open: HashMap<BatchKey, OpenBatch>,
+    /// The open batches in the order they opened (oldest first, the order they go in), by
+    /// [`OpenBatch::seq`]: a round walks it and stops once nothing more can go, where sorting
+    /// every open batch per round cost a producer over thousands of topics per message.
+    order: BTreeMap<u64, BatchKey>,
+    next_seq: u64,
+    /// At or below the deadline of every message in an open batch (`None`: no message): until
+    /// it passes, a round does not look for messages to fail.
+    earliest_deadline: Option<Instant>,
     inflight: usize,
     /// Batches in flight per broker group.
     broker_inflight: HashMap<String, usize>,
-    selectors: HashMap<String, QueueSelector>,
     /// Per topic: the newest route seen and the lanes of its queues.
     routes: HashMap<String, TopicEntry>,
+    blocks: LaneBlocks,
     orphans: Orphans,
     /// Every broker group of those routes.
     brokers: HashSet<String>,
@@ -561,10 +614,13 @@ impl Batcher {
             router,
             config,
             open: HashMap::default(),
+            order: BTreeMap::new(),
+            next_seq: 0,
+            earliest_deadline: None,
             inflight: 0,
             broker_inflight: HashMap::default(),
-            selectors: HashMap::default(),
             routes: HashMap::default(),
+            blocks: LaneBlocks::default(),
             orphans: Orphans::default(),
             brokers: HashSet::default(),
         };
@@ -613,12 +669,12 @@ impl Batcher {
         let (name, new_route) = match self.routes.get_mut(&p.topic) {
             Some(t) if Arc::ptr_eq(&t.route, &p.route) => (t.name.clone(), false),
             Some(t) => {
-                t.update(p.route.clone(), lanes, &mut self.orphans);
+                t.update(p.route.clone(), &mut self.blocks, lanes, &mut self.orphans);
                 (t.name.clone(), true)
             }
             None => {
                 let name: Arc<str> = p.topic.as_str().into();
-                let entry = TopicEntry::new(p.route.clone(), name.clone(), lanes);
+                let entry = TopicEntry::new(p.route.clone(), name.clone(), &mut self.blocks, lanes);
                 self.routes.insert(p.topic.clone(), entry);
                 (name, true)
             }
@@ -636,14 +692,22 @@ impl Batcher {
                 }
             }
         }
+        self.earliest_deadline = Some(
+            self.earliest_deadline
+                .map_or(p.deadline, |t| t.min(p.deadline)),
+        );
         let key = (name, p.target.clone());
         let b = match self.open.get_mut(&key) {
             Some(b) => b,
             None => {
                 let full_at = batch_limits(&self.config, &p.route, p.target.as_ref());
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.order.insert(seq, key.clone());
                 self.open.entry(key).or_insert(OpenBatch {
                     msgs: Vec::new(),
                     first_at: Instant::now(),
+                    seq,
                     bytes: 0,
                     full_at,
                 })
@@ -653,14 +717,19 @@ impl Batcher {
         b.msgs.push(p);
     }
 
+    /// Drops an open batch with nothing left in it.
+    fn close_batch(&mut self, key: &BatchKey) {
+        if let Some(b) = self.open.remove(key) {
+            self.order.remove(&b.seq);
+        }
+    }
+
     fn finish(&mut self, (broker, lanes): Done) {
         if let Some(n) = self.broker_inflight.get_mut(&broker) {
             *n = n.saturating_sub(1);
         }
-        for lane in &lanes {
-            if let Some(l) = self.lane_mut(lane) {
-                l.busy = false;
-            }
+        for lane in lanes {
+            self.blocks.get_mut(lane).busy = false;
         }
         self.inflight = self.inflight.saturating_sub(1);
     }
@@ -671,52 +740,48 @@ impl Batcher {
     }
 
     /// The lanes of a queue of `topic` (in its route, or orphaned) if the batcher has seen them.
-    fn lanes(&self, topic: &str, queue: &QueueId) -> Option<&Vec<LaneState>> {
-        let t = self.routes.get(topic)?;
-        t.lanes(queue)
-            .or_else(|| self.orphans.get(&(t.name.clone(), queue.clone())))
-    }
-
-    /// The state of a lane, if the batcher has seen its queue.
-    fn lane_mut(&mut self, (topic, queue, lane): &Lane) -> Option<&mut LaneState> {
-        let t = self.routes.get_mut(topic.as_str())?;
-        match t.queues.binary_search(queue) {
-            Ok(q) => t.lanes[q].get_mut(*lane),
-            Err(_) => {
-                let key = (t.name.clone(), queue.clone());
-                self.orphans.get_mut(&key)?.get_mut(*lane)
-            }
-        }
-    }
-
-    /// The state of a lane, made for a keyed queue its topic's route does not have (sent to
-    /// anyway, as it was chosen by the route the message came with).
-    fn lane_state(&mut self, lane: &Lane) -> &mut LaneState {
-        if self.lane_mut(lane).is_none() {
-            let n = self.lanes_per_queue();
-            let key = (self.routes[lane.0.as_str()].name.clone(), lane.1.clone());
-            self.orphans.insert(key, vec![LaneState::default(); n]);
-        }
-        self.lane_mut(lane).expect("made above")
-    }
-
-    /// The lanes with a batch in flight.
     #[cfg(test)]
-    fn busy(&self) -> Vec<Lane> {
-        let mut busy = Vec::new();
-        for (topic, t) in &self.routes {
-            for (q, lanes) in t.queues.iter().zip(&t.lanes) {
-                for (l, s) in lanes.iter().enumerate() {
-                    if s.busy {
-                        busy.push((topic.clone(), q.clone(), l));
-                    }
-                }
-            }
+    fn lanes(&self, topic: &str, queue: &QueueId) -> Option<&[LaneState]> {
+        let t = self.routes.get(topic)?;
+        let block = t
+            .block(queue)
+            .or_else(|| self.orphans.get(&(t.name.clone(), queue.clone())).copied())?;
+        Some(self.blocks.block(block))
+    }
+
+    /// The block of lanes of a queue of the topic `name` (seen by the batcher): its route's, or
+    /// an orphan's, made for a keyed queue its topic's route does not have (sent to anyway, as
+    /// it was chosen by the route the message came with).
+    fn lane_block(&mut self, name: &Arc<str>, queue: &QueueId) -> u32 {
+        if let Some(block) = self.routes.get(&**name).and_then(|t| t.block(queue)) {
+            return block;
         }
-        for ((topic, q), lanes) in &self.orphans {
-            for (l, s) in lanes.iter().enumerate() {
+        let lanes = self.lanes_per_queue();
+        let blocks = &mut self.blocks;
+        *self
+            .orphans
+            .entry((name.clone(), queue.clone()))
+            .or_insert_with(|| blocks.make(lanes))
+    }
+
+    /// The lanes with a batch in flight, as (topic, queue, lane) and as the batcher names them.
+    #[cfg(test)]
+    fn busy(&self) -> Vec<((String, QueueId, usize), Lane)> {
+        let routed = self.routes.iter().flat_map(|(topic, t)| {
+            t.queues
+                .iter()
+                .zip(&t.lanes)
+                .map(move |(q, &b)| (topic.clone(), q.clone(), b))
+        });
+        let orphaned = self
+            .orphans
+            .iter()
+            .map(|((topic, q), &b)| (topic.to_string(), q.clone(), b));
+        let mut busy = Vec::new();
+        for (topic, q, block) in routed.chain(orphaned) {
+            for (lane, s) in self.blocks.block(block).iter().enumerate() {
                 if s.busy {
-                    busy.push((topic.to_string(), q.clone(), l));
+                    busy.push(((topic.clone(), q.clone(), lane), Lane { block, lane }));
                 }
             }
         }
@@ -729,6 +794,12 @@ impl Batcher {
             self.config.broker_inflight_batches_max,
             broker,
         )
+    }
+
+    /// Whether a call may open: the window in all has room, and some group's has.
+    fn may_open_any(&self) -> bool {
+        self.inflight < self.config.inflight_batches_max
+            && self.brokers.iter().any(|b| self.broker_has_room(b))
     }
 
     /// Most messages and bytes of a batch of `topic` to `broker`, under the topic's newest
@@ -748,48 +819,64 @@ impl Batcher {
             || now.saturating_duration_since(b.first_at) >= self.config.linger
     }
 
-    /// Sends the open batches that are ready, as far as the windows allow. Batches to one broker
-    /// group in the same round ride one call (`SendMany`, one log entry) while it has room
-    /// within the group's batch limits: a producer spreading over thousands of queues has one
-    /// message per queue at a time, and one entry per message would cost a leader far more.
-    fn dispatch_ready(&mut self, closing: bool) {
-        let now = Instant::now();
-        // Nothing can go while every window is full: the common case under load, and one a
-        // producer over thousands of topics would otherwise pay a full round for, on every
-        // message that arrives. Only messages past their deadline are failed then (a batch's
-        // first message is its oldest).
-        if self.inflight >= self.config.inflight_batches_max
-            || !self.brokers.iter().any(|b| self.broker_has_room(b))
-        {
-            let expired: Vec<BatchKey> = self
-                .open
-                .iter()
-                .filter(|(_, b)| b.msgs.first().is_some_and(|p| p.deadline <= now))
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in expired {
-                self.fail_expired(&key, now);
-            }
+    /// Fails the messages of open batches whose deadline passed, when one may have
+    /// (`earliest_deadline`), and sets that bound again.
+    fn expire(&mut self, now: Instant) {
+        if self.earliest_deadline.is_none_or(|t| t > now) {
             return;
         }
-        let mut keys: Vec<(Instant, BatchKey)> = self
+        let expired: Vec<BatchKey> = self
             .open
             .iter()
-            .filter(|(_, b)| self.is_ready(b, closing, now))
-            .map(|(k, b)| (b.first_at, k.clone()))
+            .filter(|(_, b)| b.msgs.iter().any(|p| p.deadline <= now))
+            .map(|(k, _)| k.clone())
             .collect();
-        keys.sort_by_key(|(t, _)| *t);
+        for key in expired {
+            self.fail_expired(&key, now);
+        }
+        self.earliest_deadline = self
+            .open
+            .values()
+            .flat_map(|b| b.msgs.iter().map(|p| p.deadline))
+            .min();
+    }
+
+    /// Sends the open batches that are ready, oldest first, as far as the windows allow. Batches
+    /// to one broker group in the same round ride one call (`SendMany`, one log entry) while it
+    /// has room within the group's batch limits: a producer spreading over thousands of queues
+    /// has one message per queue at a time, and one entry per message would cost a leader far
+    /// more.
+    fn dispatch_ready(&mut self, closing: bool) {
+        let now = Instant::now();
+        // Messages past their deadline fail first, whether or not anything can go; while every
+        // window is full (the common case under load) that is all a round does.
+        self.expire(now);
+        let mut may_open_any = self.may_open_any();
+        if !may_open_any {
+            return;
+        }
         // The calls this round opens; per broker group, the one still taking parts.
         let mut calls: Vec<Call> = Vec::new();
         let mut taking: HashMap<String, usize> = HashMap::default();
-        for (_, key) in keys {
-            self.fail_expired(&key, now);
-            let Some(first_bytes) = self
-                .open
-                .get(&key)
-                .and_then(|b| b.msgs.first())
-                .map(|p| p.bytes)
-            else {
+        let mut next = 0u64;
+        loop {
+            // Nothing more goes once no call may open and this round's are full: the batches
+            // left wait for the next round, unvisited.
+            if !may_open_any && calls.iter().all(|c| !c.takes_more()) {
+                break;
+            }
+            let Some((&seq, key)) = self.order.range(next..).next() else {
+                break;
+            };
+            next = seq + 1;
+            let key = key.clone();
+            let Some(b) = self.open.get(&key) else {
+                continue;
+            };
+            if !self.is_ready(b, closing, now) {
+                continue;
+            }
+            let Some(first_bytes) = b.msgs.first().map(|p| p.bytes) else {
                 continue;
             };
             let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
@@ -800,26 +887,33 @@ impl Batcher {
                     .is_some_and(|&i| calls[i].fits(1, part_bytes + first_bytes))
             };
             let may_open = self.inflight < self.config.inflight_batches_max;
-            let lane = match &key.1 {
+            let (queue, lane) = match &key.1 {
                 Some(q) => {
                     let can = joinable(&q.broker) || (may_open && self.broker_has_room(&q.broker));
-                    let busy = self
-                        .lanes(&key.0, q)
-                        .is_some_and(|lanes| lanes[KEYED_LANE].busy);
-                    if !can || busy {
+                    if !can {
                         continue;
                     }
-                    (key.0.to_string(), q.clone(), KEYED_LANE)
+                    let block = self.lane_block(&key.0, q);
+                    if self.blocks.block(block)[KEYED_LANE].busy {
+                        continue;
+                    }
+                    (
+                        q.clone(),
+                        Lane {
+                            block,
+                            lane: KEYED_LANE,
+                        },
+                    )
                 }
                 None => match self.pick_any(&key.0, &joinable, may_open) {
-                    Some(lane) => lane,
+                    Some(picked) => picked,
                     None => continue,
                 },
             };
-            let join = joinable(&lane.1.broker).then(|| taking[lane.1.broker.as_str()]);
+            let join = joinable(&queue.broker).then(|| taking[queue.broker.as_str()]);
             let (messages_left, bytes_left) = match join {
                 Some(i) => calls[i].left(),
-                None => self.group_batch_limits(&key.0, &lane.1),
+                None => self.group_batch_limits(&key.0, &queue),
             };
             let Some(batch) =
                 self.take_batch(&key, messages_left, bytes_left.saturating_sub(part_bytes))
@@ -829,9 +923,10 @@ impl Batcher {
             let i = match join {
                 Some(i) => i,
                 None => {
-                    let broker = lane.1.broker.clone();
+                    let broker = queue.broker.clone();
                     self.inflight += 1;
                     *slot(&mut self.broker_inflight, broker.as_str()) += 1;
+                    may_open_any = self.may_open_any();
                     calls.push(Call {
                         broker: broker.clone(),
                         parts: Vec::new(),
@@ -842,7 +937,7 @@ impl Batcher {
                     calls.len() - 1
                 }
             };
-            let state = self.lane_state(&lane);
+            let state = self.blocks.get_mut(lane);
             state.busy = true;
             if state.ids.1 == 0 {
                 // A lane's first batch: a new producer id (0 disables idempotence on the
@@ -858,8 +953,8 @@ impl Batcher {
                 .saturating_sub(part_bytes + batch.iter().map(|p| p.bytes).sum::<usize>());
             call.parts.push(SendJob {
                 router: self.router.clone(),
-                topic: lane.0.clone(),
-                queue: lane.1.clone(),
+                topic: key.0,
+                queue,
                 lane,
                 producer_id,
                 sequence,
@@ -871,7 +966,7 @@ impl Batcher {
             tokio::spawn(async move {
                 let done = (
                     call.broker.clone(),
-                    call.parts.iter().map(|p| p.lane.clone()).collect(),
+                    call.parts.iter().map(|p| p.lane).collect(),
                 );
                 call.run().await;
                 let _ = done_tx.send(done);
@@ -890,6 +985,7 @@ impl Batcher {
         let (expired, keep): (Vec<_>, Vec<_>) = b.msgs.drain(..).partition(|p| p.deadline <= now);
         b.msgs = keep;
         b.bytes = b.msgs.iter().map(|p| p.bytes).sum();
+        let empty = b.msgs.is_empty();
         for p in expired {
             let _ = p.reply.send(Err(Error::Timeout {
                 op: format!("send to {}", p.topic),
@@ -897,13 +993,13 @@ impl Batcher {
                 last: "no room in the in-flight window before the deadline".into(),
             }));
         }
-        if b.msgs.is_empty() {
-            self.open.remove(key);
+        if empty {
+            self.close_batch(key);
         }
     }
 
-    /// A lane for an unkeyed batch: round robin over the topic's queues, then over each queue's
-    /// unkeyed lanes, skipping busy lanes and broker groups with a full window.
+    /// A queue and lane for an unkeyed batch: round robin over the topic's queues, then over each
+    /// queue's unkeyed lanes, skipping busy lanes and broker groups with a full window.
     /// A call of this round to its group still taking parts (`joinable`) counts as room, and a
     /// group with room in its window only while another call may open (`may_open`).
     fn pick_any(
@@ -911,26 +1007,34 @@ impl Batcher {
         topic: &str,
         joinable: &dyn Fn(&str) -> bool,
         may_open: bool,
-    ) -> Option<Lane> {
-        let t = self.routes.get(topic)?;
-        let queues = &t.queues;
-        let n = queues.len();
+    ) -> Option<(QueueId, Lane)> {
+        let t = self.routes.get_mut(topic)?;
+        let n = t.queues.len();
         let broker_inflight = &self.broker_inflight;
         let broker_max = self.config.broker_inflight_batches_max;
-        let lane_of = |q: usize, l: usize| (topic.to_string(), queues[q].clone(), l);
+        let blocks = &self.blocks;
+        let (queues, lanes) = (&t.queues, &t.lanes);
         // Round robin over the queues; in a queue, its first free lane. Lanes past the first are
         // used only while the ones before are busy, so a producer spreading over thousands of
         // queues keeps one producer window per queue on the broker, not one per lane (a broker
         // remembers a bounded number of them).
-        let free_lane = |q: usize| (1..t.lanes[q].len()).find(|&l| !t.lanes[q][l].busy);
-        let sel = slot(&mut self.selectors, topic);
-        let q = sel.next_round_robin(n, |q| {
+        let free_lane = |q: usize| {
+            let block = blocks.block(lanes[q]);
+            (1..block.len()).find(|&l| !block[l].busy)
+        };
+        let q = t.selector.next_round_robin(n, |q| {
             let broker = &queues[q].broker;
             (joinable(broker) || (may_open && has_room(broker_inflight, broker_max, broker)))
                 && free_lane(q).is_some()
         })?;
         let lane = free_lane(q)?;
-        Some(lane_of(q, lane))
+        Some((
+            queues[q].clone(),
+            Lane {
+                block: lanes[q],
+                lane,
+            },
+        ))
     }
 
     /// Takes the first messages of an open batch, up to `messages_max` and `bytes_max` (the
@@ -954,7 +1058,7 @@ impl Batcher {
         let batch: Vec<Pending> = b.msgs.drain(..n).collect();
         b.bytes -= bytes;
         if b.msgs.is_empty() {
-            self.open.remove(key);
+            self.close_batch(key);
         }
         (!batch.is_empty()).then_some(batch)
     }
@@ -1003,6 +1107,11 @@ impl Call {
 
     fn left(&self) -> (usize, usize) {
         (self.messages_left, self.bytes_left)
+    }
+
+    /// Whether any part may still join: a message left, and bytes beyond a part's overhead.
+    fn takes_more(&self) -> bool {
+        self.messages_left > 0 && self.bytes_left > SEND_PART_OVERHEAD_BYTES
     }
 
     /// One batch goes as a `Send`; several as one `SendMany`, or each as a `Send` when the
@@ -1086,7 +1195,7 @@ impl Call {
 /// One batch on its way: sent, retried, and its messages answered.
 struct SendJob {
     router: Arc<Router>,
-    topic: String,
+    topic: Arc<str>,
     queue: QueueId,
     lane: Lane,
     producer_id: u64,
@@ -1098,7 +1207,7 @@ impl SendJob {
     /// The batch's request; its messages move into it.
     fn request(&mut self) -> v1::SendRequest {
         v1::SendRequest {
-            topic: self.topic.clone(),
+            topic: self.topic.to_string(),
             queue: self.queue.queue,
             messages: self
                 .msgs
@@ -1142,7 +1251,7 @@ impl SendJob {
             Ok((resp, _)) if resp.results.len() == self.msgs.len() => {
                 for (p, r) in self.msgs.into_iter().zip(resp.results) {
                     let _ = p.reply.send(Ok(SendReceipt {
-                        topic: self.topic.clone(),
+                        topic: self.topic.to_string(),
                         broker: self.queue.broker.clone(),
                         queue: r.queue,
                         offset: r.offset,
@@ -1271,10 +1380,10 @@ mod tests {
         );
 
         // A batch to broker-b finishes: exactly one more goes there, none to the full broker-a.
-        let lane = b
+        let (_, lane) = b
             .busy()
             .into_iter()
-            .find(|l| l.1.broker == "broker-b")
+            .find(|(l, _)| l.1.broker == "broker-b")
             .unwrap();
         b.finish(("broker-b".into(), vec![lane]));
         dispatch_until_stable(&mut b);
@@ -1300,7 +1409,8 @@ mod tests {
             replies.push(rx);
             dispatch_until_stable(&mut b);
             assert_eq!(b.inflight, 1, "step {step}: the batch went");
-            assert_eq!(b.busy(), vec![("t".to_string(), q1.clone(), KEYED_LANE)]);
+            let busy: Vec<_> = b.busy().into_iter().map(|(l, _)| l).collect();
+            assert_eq!(busy, vec![("t".to_string(), q1.clone(), KEYED_LANE)]);
             let (id, next) = ids(&b).expect("the lane is known");
             assert_eq!(next, step as u64 + 2, "step {step}: sequences go on");
             assert_eq!(
@@ -1308,7 +1418,8 @@ mod tests {
                 id,
                 "step {step}: the same producer"
             );
-            b.finish(("broker-a".into(), b.busy()));
+            let lanes = b.busy().into_iter().map(|(_, l)| l).collect();
+            b.finish(("broker-a".into(), lanes));
             assert!(b.busy().is_empty());
         }
         // With q1 out of the route its lanes wait aside, and the route's queues are its own.
@@ -1347,6 +1458,45 @@ mod tests {
         assert_eq!(b.busy().len(), 200);
         let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
         assert_eq!(waiting, 100);
+    }
+
+    /// With every window full, messages past their deadline fail (and only they), even though a
+    /// round no longer looks through the open batches until the earliest deadline has passed.
+    #[tokio::test(start_paused = true)]
+    async fn messages_waiting_past_their_deadline_fail_while_the_windows_are_full() {
+        let config = ProducerConfig {
+            batch_messages_max: 1,
+            ..ProducerConfig::default()
+        };
+        let (mut b, _tx) = batcher(config);
+        let r = route(&["broker-a"], 8);
+        let mut early = Vec::new();
+        for _ in 0..5 {
+            let (mut p, rx) = pending(&r, None);
+            p.deadline = Instant::now() + Duration::from_secs(1);
+            b.add(p);
+            early.push(rx);
+        }
+        dispatch_until_stable(&mut b);
+        assert_eq!(b.inflight, 2, "the group's window is full");
+        let (p, mut late) = pending(&r, None);
+        b.add(p);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        b.dispatch_ready(false);
+        let waiting = |b: &Batcher| b.open.values().map(|o| o.msgs.len()).sum::<usize>();
+        assert_eq!(waiting(&b), 4, "nothing is due yet");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        b.dispatch_ready(false);
+        // The two in flight are the router's to answer; the three waiting timed out.
+        let timed_out = early
+            .iter_mut()
+            .map(|rx| rx.try_recv())
+            .filter(|r| matches!(r, Ok(Err(Error::Timeout { .. }))))
+            .count();
+        assert_eq!(timed_out, 3);
+        assert!(late.try_recv().is_err(), "the later message still waits");
+        assert_eq!(waiting(&b), 1);
+        assert_eq!(b.order.len(), 1);
     }
 
     #[tokio::test]

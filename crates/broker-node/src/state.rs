@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use raftmq_proto::limits::SINGLE_FLIGHT_SEQUENCE;
 use raftmq_raft_log::encoding::postcard_extend;
 use raftmq_raft_log::state_machine::format;
 
@@ -1137,7 +1138,8 @@ impl BrokerState {
         self.topic_types.get(topic).copied().unwrap_or(0)
     }
 
-    /// The first store's reply when (`producer_id`, `sequence`) is in the producer's window.
+    /// The first store's reply when (`producer_id`, `sequence`) is in the producer's window; a
+    /// refusal for a single-flight sequence ([`SINGLE_FLIGHT_SEQUENCE`]) below its lane's newest.
     fn producer_duplicate(&self, producer_id: u64, sequence: u64) -> Option<Reply> {
         if producer_id == 0 {
             return None;
@@ -1145,6 +1147,16 @@ impl BrokerState {
         let w = self.producers.get(&producer_id)?;
         if sequence > w.max_sequence {
             return None;
+        }
+        if sequence & SINGLE_FLIGHT_SEQUENCE != 0 && sequence < w.max_sequence {
+            // Its lane sent a later batch, so this one was answered or given up on (a request
+            // held somewhere past its client's deadline): refused, never stored a second time.
+            return Some(Reply::Invalid(format!(
+                "batch {} of producer {producer_id} is older than the newest stored ({}): a \
+                 lane with one batch in flight sends no older batch again; not stored",
+                sequence & !SINGLE_FLIGHT_SEQUENCE,
+                w.max_sequence & !SINGLE_FLIGHT_SEQUENCE
+            )));
         }
         let &(_, queue, first_offset, count, log_index) =
             w.recent.iter().rev().find(|r| r.0 == sequence)?;
@@ -1372,6 +1384,11 @@ impl BrokerState {
         }
         w.last_index = index;
         w.max_sequence = w.max_sequence.max(rec.0);
+        if rec.0 & SINGLE_FLIGHT_SEQUENCE != 0 {
+            // A lane with one batch in flight: no retry can name an older batch. At 8,000
+            // queues the full windows were 65 MB of records and most of every snapshot.
+            w.recent.clear();
+        }
         w.recent.push_back(rec);
         while w.recent.len() > PRODUCER_WINDOW {
             w.recent.pop_front();
@@ -2552,6 +2569,49 @@ mod send_many_tests {
             assert!(st.producers.contains_key(&3));
             assert!(!st.producers.contains_key(&4));
             assert!(st.producers.contains_key(&5));
+        }
+    }
+
+    /// 6. A single-flight lane (`SINGLE_FLIGHT_SEQUENCE` on its sequences) keeps only its newest
+    ///    batch: a repeat of it is answered from the window, an older batch is refused and stores
+    ///    nothing, and a snapshot keeps both. A lane without the mark keeps its recent batches.
+    #[test]
+    fn t6_a_single_flight_lane_keeps_only_its_newest_batch() {
+        const S: u64 = SINGLE_FLIGHT_SEQUENCE;
+        let (mut st, _) = state();
+        let send = |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| {
+            let many = Command::SendMany {
+                timestamp_ms: 1,
+                parts: vec![part("t", 0, producer_id, sequence, 1)],
+                messages: vec![body("a", "")],
+            };
+            match apply(st, index, &many) {
+                Reply::SentMany(mut r) => r.remove(0).0,
+                other => panic!("{other:?}"),
+            }
+        };
+        for seq in 1..=5 {
+            send(&mut st, 10 + seq, 1, S | seq);
+            send(&mut st, 20 + seq, 2, seq);
+        }
+        assert_eq!(st.producers[&1].recent.len(), 1);
+        assert_eq!(st.producers[&2].recent.len(), 5);
+        let mut restored = BrokerState::default();
+        restored.restore(&st.snapshot()).unwrap();
+        for st in [&mut st, &mut restored] {
+            let stored = st.messages_total;
+            assert_eq!(send(st, 30, 1, S | 5), sent(0, 8, 1, 15, true));
+            let older = send(st, 31, 1, S | 4);
+            assert!(
+                matches!(&older, Reply::Invalid(m) if m.contains("batch 4 of producer 1 is older than the newest stored (5)")),
+                "{older:?}"
+            );
+            // The unmarked lane still answers an older batch from its window.
+            assert_eq!(send(st, 32, 2, 2), sent(0, 3, 1, 22, true));
+            assert_eq!(st.messages_total, stored, "nothing stored again");
+            // Its next batch is stored, and is then the one kept.
+            assert_eq!(send(st, 33, 1, S | 6), sent(0, 10, 1, 33, false));
+            assert_eq!(st.producers[&1].recent.len(), 1);
         }
     }
 

@@ -20,7 +20,9 @@
 //! both, so the broker stores it once. The broker remembers a bounded window of recent batches per
 //! producer id, and with one batch in flight per lane a retry is always the newest batch of its id
 //! — however many batches other lanes acknowledged while it waited out a failover with backoff (a
-//! producer-wide id let a slow retry fall out of the window and be stored twice). Retries follow
+//! producer-wide id let a slow retry fall out of the window and be stored twice). Its sequences
+//! say so (`raftmq_proto::limits::SINGLE_FLIGHT_SEQUENCE`), and the broker keeps only the newest
+//! batch of such a lane: a producer over 8,000 queues no longer costs it 8,000 windows of 256. Retries follow
 //! `NOT_LEADER` hints at once, move to another node at once on connection errors and short
 //! attempt timeouts, and back off on unavailability (see the router) until the send timeout; then
 //! every message of the batch fails with [`Error::Timeout`].
@@ -36,7 +38,7 @@ use std::collections::{BTreeMap, HashMap as StdHashMap, HashSet as StdHashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use raftmq_proto::limits::{SEND_PART_OVERHEAD_BYTES, SendLimits};
+use raftmq_proto::limits::{SEND_PART_OVERHEAD_BYTES, SINGLE_FLIGHT_SEQUENCE, SendLimits};
 use raftmq_proto::v1;
 use raftmq_proto::v1::broker_service_client::BrokerServiceClient;
 use tokio::sync::{mpsc, oneshot};
@@ -941,8 +943,9 @@ impl Batcher {
             state.busy = true;
             if state.ids.1 == 0 {
                 // A lane's first batch: a new producer id (0 disables idempotence on the
-                // broker, so never use it) and sequences from 1.
-                state.ids = (rand::random::<u64>() | 1, 1);
+                // broker, so never use it) and sequences from 1, marked single-flight (one
+                // batch in flight per lane: the broker keeps only the newest of the lane).
+                state.ids = (rand::random::<u64>() | 1, SINGLE_FLIGHT_SEQUENCE | 1);
             }
             let (producer_id, sequence) = state.ids;
             state.ids.1 += 1;
@@ -1412,7 +1415,11 @@ mod tests {
             let busy: Vec<_> = b.busy().into_iter().map(|(l, _)| l).collect();
             assert_eq!(busy, vec![("t".to_string(), q1.clone(), KEYED_LANE)]);
             let (id, next) = ids(&b).expect("the lane is known");
-            assert_eq!(next, step as u64 + 2, "step {step}: sequences go on");
+            assert_eq!(
+                next,
+                SINGLE_FLIGHT_SEQUENCE | (step as u64 + 2),
+                "step {step}: sequences go on"
+            );
             assert_eq!(
                 *first_id.get_or_insert(id),
                 id,
@@ -1429,7 +1436,7 @@ mod tests {
         replies.push(rx);
         assert_eq!(b.routes["t"].queues, vec![QueueId::new("broker-a", 0)]);
         assert_eq!(b.orphans.len(), 1);
-        assert_eq!(ids(&b).map(|i| i.1), Some(4));
+        assert_eq!(ids(&b).map(|i| i.1), Some(SINGLE_FLIGHT_SEQUENCE | 4));
     }
 
     /// Messages spread over many topics (one message per queue at a time) ride a few calls: the

@@ -18,6 +18,14 @@ pub const NAME_LEN_MAX: usize = 127;
 /// Most queues a topic may have on one broker group.
 pub const QUEUES_PER_TOPIC_MAX: u32 = 1_024;
 
+/// Set on every sequence of a producer lane that has at most one batch in flight (the raftmq
+/// client's lanes): a batch of sequence `s` then tells the broker that every lower sequence of its
+/// producer id was answered or given up on, so its window keeps only the newest batch (a retry is
+/// always that one) and a lower sequence is refused, not stored. Sequences without it (the
+/// RocketMQ front's lanes, with many batches in flight each, and every log written before it)
+/// keep a window of recent batches. No producer counting from 1 reaches it.
+pub const SINGLE_FLIGHT_SEQUENCE: u64 = 1 << 63;
+
 /// Default largest message body, in bytes.
 pub const BODY_BYTES_MAX: usize = 4 << 20;
 /// Default largest total of a message's property keys and values, in bytes.

@@ -2457,6 +2457,16 @@ mod send_many_tests {
         }
     }
 
+    /// A `SendMany` of one message to t/0 from (`producer_id`, `sequence`), applied at `index`.
+    fn send_one(st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64) -> Reply {
+        let many = Command::SendMany {
+            timestamp_ms: 1,
+            parts: vec![part("t", 0, producer_id, sequence, 1)],
+            messages: vec![body("a", "")],
+        };
+        apply(st, index, &many)
+    }
+
     /// 1. Each part is stored as its own `Send` would be, one refused part refusing only itself;
     ///    each run knows where in the entry its messages start, so reads and ids find them.
     #[test]
@@ -2535,14 +2545,7 @@ mod send_many_tests {
     #[test]
     fn t4_the_producer_idle_the_longest_is_forgotten_first() {
         let (mut st, _) = state();
-        let send = |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| {
-            let many = Command::SendMany {
-                timestamp_ms: 1,
-                parts: vec![part("t", 0, producer_id, sequence, 1)],
-                messages: vec![body("a", "")],
-            };
-            apply(st, index, &many)
-        };
+        let send = send_one;
         for p in 1..=PRODUCERS_MAX as u64 {
             send(&mut st, 10 + p, p, 1);
         }
@@ -2579,17 +2582,16 @@ mod send_many_tests {
     fn t6_a_single_flight_lane_keeps_only_its_newest_batch() {
         const S: u64 = SINGLE_FLIGHT_SEQUENCE;
         let (mut st, _) = state();
-        let send = |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| {
-            let many = Command::SendMany {
-                timestamp_ms: 1,
-                parts: vec![part("t", 0, producer_id, sequence, 1)],
-                messages: vec![body("a", "")],
-            };
-            match apply(st, index, &many) {
+        let send =
+            |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| match send_one(
+                st,
+                index,
+                producer_id,
+                sequence,
+            ) {
                 Reply::SentMany(mut r) => r.remove(0).0,
                 other => panic!("{other:?}"),
-            }
-        };
+            };
         for seq in 1..=5 {
             send(&mut st, 10 + seq, 1, S | seq);
             send(&mut st, 20 + seq, 2, seq);

@@ -2582,16 +2582,13 @@ mod send_many_tests {
     fn t6_a_single_flight_lane_keeps_only_its_newest_batch() {
         const S: u64 = SINGLE_FLIGHT_SEQUENCE;
         let (mut st, _) = state();
-        let send =
-            |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| match send_one(
-                st,
-                index,
-                producer_id,
-                sequence,
-            ) {
-                Reply::SentMany(mut r) => r.remove(0).0,
-                other => panic!("{other:?}"),
+        // The answer of the entry's one part.
+        let send = |st: &mut BrokerState, index: u64, producer_id: u64, sequence: u64| {
+            let Reply::SentMany(mut parts) = send_one(st, index, producer_id, sequence) else {
+                panic!("a SendMany is answered part by part");
             };
+            parts.remove(0).0
+        };
         for seq in 1..=5 {
             send(&mut st, 10 + seq, 1, S | seq);
             send(&mut st, 20 + seq, 2, seq);
@@ -2604,9 +2601,12 @@ mod send_many_tests {
             let stored = st.messages_total;
             assert_eq!(send(st, 30, 1, S | 5), sent(0, 8, 1, 15, true));
             let older = send(st, 31, 1, S | 4);
+            let Reply::Invalid(why) = &older else {
+                panic!("an older batch is refused: {older:?}");
+            };
             assert!(
-                matches!(&older, Reply::Invalid(m) if m.contains("batch 4 of producer 1 is older than the newest stored (5)")),
-                "{older:?}"
+                why.contains("batch 4 of producer 1 is older than the newest stored (5)"),
+                "{why}"
             );
             // The unmarked lane still answers an older batch from its window.
             assert_eq!(send(st, 32, 2, 2), sent(0, 3, 1, 22, true));

@@ -22,10 +22,10 @@
 //! — however many batches other lanes acknowledged while it waited out a failover with backoff (a
 //! producer-wide id let a slow retry fall out of the window and be stored twice). Its sequences
 //! say so (`raftmq_proto::limits::SINGLE_FLIGHT_SEQUENCE`), and the broker keeps only the newest
-//! batch of such a lane: a producer over 8,000 queues no longer costs it 8,000 windows of 256. Retries follow
-//! `NOT_LEADER` hints at once, move to another node at once on connection errors and short
-//! attempt timeouts, and back off on unavailability (see the router) until the send timeout; then
-//! every message of the batch fails with [`Error::Timeout`].
+//! batch of such a lane: a producer over 8,000 queues no longer costs it 8,000 windows of 256.
+//! Retries follow `NOT_LEADER` hints at once, move to another node at once on connection errors
+//! and short attempt timeouts, and back off on unavailability (see the router) until the send
+//! timeout; then every message of the batch fails with [`Error::Timeout`].
 //!
 //! Limits are the target broker group's: each group publishes the send limits it enforces (body,
 //! properties, messages and bytes per batch) through the nameservers, and the route carries them
@@ -1344,6 +1344,11 @@ mod tests {
         (p, rx)
     }
 
+    /// The messages waiting in open batches.
+    fn waiting(b: &Batcher) -> usize {
+        b.open.values().map(|o| o.msgs.len()).sum()
+    }
+
     /// The batcher dispatches at most one batch per open batch and wakeup; run it as often as
     /// its loop would.
     fn dispatch_until_stable(b: &mut Batcher) {
@@ -1376,9 +1381,8 @@ mod tests {
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
         assert_eq!(b.broker_inflight.get("broker-b"), Some(&2));
         assert_eq!(b.inflight, 4);
-        let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
         assert!(
-            waiting > 0,
+            waiting(&b) > 0,
             "messages beyond the windows wait in open batches"
         );
 
@@ -1463,8 +1467,7 @@ mod tests {
         assert_eq!(b.broker_inflight.get("broker-a"), Some(&2));
         assert_eq!(b.inflight, 2);
         assert_eq!(b.busy().len(), 200);
-        let waiting: usize = b.open.values().map(|o| o.msgs.len()).sum();
-        assert_eq!(waiting, 100);
+        assert_eq!(waiting(&b), 100);
     }
 
     /// With every window full, messages past their deadline fail (and only they), even though a
@@ -1490,7 +1493,6 @@ mod tests {
         b.add(p);
         tokio::time::advance(Duration::from_millis(999)).await;
         b.dispatch_ready(false);
-        let waiting = |b: &Batcher| b.open.values().map(|o| o.msgs.len()).sum::<usize>();
         assert_eq!(waiting(&b), 4, "nothing is due yet");
         tokio::time::advance(Duration::from_millis(2)).await;
         b.dispatch_ready(false);

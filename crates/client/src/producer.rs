@@ -439,9 +439,10 @@ struct Pending {
     reply: oneshot::Sender<Result<SendReceipt>>,
 }
 
-/// An open batch's topic (shared with the batcher's route entry, so a key is cheap to copy)
-/// and its keyed queue, or `None` for "any queue".
-type BatchKey = (Arc<str>, Option<QueueId>);
+/// An open batch's topic, as its place in [`Batcher::topics`], and its keyed queue, or `None` for
+/// "any queue". A number, not the name: a producer spreading over thousands of topics looked up
+/// and compared names several times per message, each a cache miss or more.
+type BatchKey = (u32, Option<QueueId>);
 
 /// A stream of batches to one queue with at most one batch in flight, its own producer id and
 /// sequences. Keyed messages use lane 0 only ([`KEYED_LANE`]); messages without a key use lanes
@@ -596,8 +597,11 @@ struct Batcher {
     inflight: usize,
     /// Batches in flight per broker group.
     broker_inflight: HashMap<String, usize>,
-    /// Per topic: the newest route seen and the lanes of its queues.
-    routes: HashMap<String, TopicEntry>,
+    /// Per topic: the newest route seen and the lanes of its queues; named by its place here
+    /// (a topic, once seen, stays for the producer's life, as its lanes do).
+    topics: Vec<TopicEntry>,
+    /// Each topic's place in `topics`, by name: looked up once per message.
+    topic_ids: HashMap<String, u32>,
     blocks: LaneBlocks,
     orphans: Orphans,
     /// Every broker group of those routes.
@@ -621,7 +625,8 @@ impl Batcher {
             earliest_deadline: None,
             inflight: 0,
             broker_inflight: HashMap::default(),
-            routes: HashMap::default(),
+            topics: Vec::new(),
+            topic_ids: HashMap::default(),
             blocks: LaneBlocks::default(),
             orphans: Orphans::default(),
             brokers: HashSet::default(),
@@ -668,17 +673,22 @@ impl Batcher {
 
     fn add(&mut self, p: Pending) {
         let lanes = self.lanes_per_queue();
-        let (name, new_route) = match self.routes.get_mut(&p.topic) {
-            Some(t) if Arc::ptr_eq(&t.route, &p.route) => (t.name.clone(), false),
-            Some(t) => {
-                t.update(p.route.clone(), &mut self.blocks, lanes, &mut self.orphans);
-                (t.name.clone(), true)
+        let (topic, new_route) = match self.topic_ids.get(&p.topic) {
+            Some(&i) => {
+                let t = &mut self.topics[i as usize];
+                let new_route = !Arc::ptr_eq(&t.route, &p.route);
+                if new_route {
+                    t.update(p.route.clone(), &mut self.blocks, lanes, &mut self.orphans);
+                }
+                (i, new_route)
             }
             None => {
+                let i = u32::try_from(self.topics.len()).expect("fewer than 2^32 topics");
                 let name: Arc<str> = p.topic.as_str().into();
-                let entry = TopicEntry::new(p.route.clone(), name.clone(), &mut self.blocks, lanes);
-                self.routes.insert(p.topic.clone(), entry);
-                (name, true)
+                let entry = TopicEntry::new(p.route.clone(), name, &mut self.blocks, lanes);
+                self.topics.push(entry);
+                self.topic_ids.insert(p.topic.clone(), i);
+                (i, true)
             }
         };
         if new_route {
@@ -689,7 +699,7 @@ impl Batcher {
             }
             // The open batches of the topic are full at its new route's limits.
             for (key, b) in self.open.iter_mut() {
-                if key.0 == name {
+                if key.0 == topic {
                     b.full_at = batch_limits(&self.config, &p.route, key.1.as_ref());
                 }
             }
@@ -698,7 +708,7 @@ impl Batcher {
             self.earliest_deadline
                 .map_or(p.deadline, |t| t.min(p.deadline)),
         );
-        let key = (name, p.target.clone());
+        let key = (topic, p.target.clone());
         let b = match self.open.get_mut(&key) {
             Some(b) => b,
             None => {
@@ -744,36 +754,38 @@ impl Batcher {
     /// The lanes of a queue of `topic` (in its route, or orphaned) if the batcher has seen them.
     #[cfg(test)]
     fn lanes(&self, topic: &str, queue: &QueueId) -> Option<&[LaneState]> {
-        let t = self.routes.get(topic)?;
+        let t = &self.topics[*self.topic_ids.get(topic)? as usize];
         let block = t
             .block(queue)
             .or_else(|| self.orphans.get(&(t.name.clone(), queue.clone())).copied())?;
         Some(self.blocks.block(block))
     }
 
-    /// The block of lanes of a queue of the topic `name` (seen by the batcher): its route's, or
-    /// an orphan's, made for a keyed queue its topic's route does not have (sent to anyway, as
-    /// it was chosen by the route the message came with).
-    fn lane_block(&mut self, name: &Arc<str>, queue: &QueueId) -> u32 {
-        if let Some(block) = self.routes.get(&**name).and_then(|t| t.block(queue)) {
+    /// The block of lanes of a queue of the topic `topic` (its place in `topics`): its route's,
+    /// or an orphan's, made for a keyed queue its topic's route does not have (sent to anyway,
+    /// as it was chosen by the route the message came with).
+    fn lane_block(&mut self, topic: u32, queue: &QueueId) -> u32 {
+        let t = &self.topics[topic as usize];
+        if let Some(block) = t.block(queue) {
             return block;
         }
+        let name = t.name.clone();
         let lanes = self.lanes_per_queue();
         let blocks = &mut self.blocks;
         *self
             .orphans
-            .entry((name.clone(), queue.clone()))
+            .entry((name, queue.clone()))
             .or_insert_with(|| blocks.make(lanes))
     }
 
     /// The lanes with a batch in flight, as (topic, queue, lane) and as the batcher names them.
     #[cfg(test)]
     fn busy(&self) -> Vec<((String, QueueId, usize), Lane)> {
-        let routed = self.routes.iter().flat_map(|(topic, t)| {
+        let routed = self.topics.iter().flat_map(|t| {
             t.queues
                 .iter()
                 .zip(&t.lanes)
-                .map(move |(q, &b)| (topic.clone(), q.clone(), b))
+                .map(move |(q, &b)| (t.name.to_string(), q.clone(), b))
         });
         let orphaned = self
             .orphans
@@ -806,11 +818,12 @@ impl Batcher {
 
     /// Most messages and bytes of a batch of `topic` to `broker`, under the topic's newest
     /// route ([`batch_limits`]).
-    fn group_batch_limits(&self, topic: &str, broker: &QueueId) -> (usize, usize) {
-        match self.routes.get(topic) {
-            Some(t) => batch_limits(&self.config, &t.route, Some(broker)),
-            None => capped(&self.config, SendLimits::DEFAULT),
-        }
+    fn group_batch_limits(&self, topic: u32, broker: &QueueId) -> (usize, usize) {
+        batch_limits(
+            &self.config,
+            &self.topics[topic as usize].route,
+            Some(broker),
+        )
     }
 
     fn is_ready(&self, b: &OpenBatch, closing: bool, now: Instant) -> bool {
@@ -881,7 +894,8 @@ impl Batcher {
             let Some(first_bytes) = b.msgs.first().map(|p| p.bytes) else {
                 continue;
             };
-            let part_bytes = key.0.len() + SEND_PART_OVERHEAD_BYTES;
+            let name = self.topics[key.0 as usize].name.clone();
+            let part_bytes = name.len() + SEND_PART_OVERHEAD_BYTES;
             // Whether a group's open call of this round takes this batch's first message.
             let joinable = |broker: &str| {
                 taking
@@ -895,7 +909,7 @@ impl Batcher {
                     if !can {
                         continue;
                     }
-                    let block = self.lane_block(&key.0, q);
+                    let block = self.lane_block(key.0, q);
                     if self.blocks.block(block)[KEYED_LANE].busy {
                         continue;
                     }
@@ -907,7 +921,7 @@ impl Batcher {
                         },
                     )
                 }
-                None => match self.pick_any(&key.0, &joinable, may_open) {
+                None => match self.pick_any(key.0, &joinable, may_open) {
                     Some(picked) => picked,
                     None => continue,
                 },
@@ -915,7 +929,7 @@ impl Batcher {
             let join = joinable(&queue.broker).then(|| taking[queue.broker.as_str()]);
             let (messages_left, bytes_left) = match join {
                 Some(i) => calls[i].left(),
-                None => self.group_batch_limits(&key.0, &queue),
+                None => self.group_batch_limits(key.0, &queue),
             };
             let Some(batch) =
                 self.take_batch(&key, messages_left, bytes_left.saturating_sub(part_bytes))
@@ -956,7 +970,7 @@ impl Batcher {
                 .saturating_sub(part_bytes + batch.iter().map(|p| p.bytes).sum::<usize>());
             call.parts.push(SendJob {
                 router: self.router.clone(),
-                topic: key.0,
+                topic: name,
                 queue,
                 lane,
                 producer_id,
@@ -1007,11 +1021,11 @@ impl Batcher {
     /// group with room in its window only while another call may open (`may_open`).
     fn pick_any(
         &mut self,
-        topic: &str,
+        topic: u32,
         joinable: &dyn Fn(&str) -> bool,
         may_open: bool,
     ) -> Option<(QueueId, Lane)> {
-        let t = self.routes.get_mut(topic)?;
+        let t = &mut self.topics[topic as usize];
         let n = t.queues.len();
         let broker_inflight = &self.broker_inflight;
         let broker_max = self.config.broker_inflight_batches_max;
@@ -1058,7 +1072,12 @@ impl Batcher {
             n += 1;
             bytes += p.bytes;
         }
-        let batch: Vec<Pending> = b.msgs.drain(..n).collect();
+        // All of it (a batch of one message, at thousands of topics): its buffer goes whole.
+        let batch: Vec<Pending> = if n == b.msgs.len() {
+            std::mem::take(&mut b.msgs)
+        } else {
+            b.msgs.drain(..n).collect()
+        };
         b.bytes -= bytes;
         if b.msgs.is_empty() {
             self.close_batch(key);
@@ -1438,7 +1457,10 @@ mod tests {
         let (p, rx) = pending(&r, Some(QueueId::new("broker-a", 0)));
         b.add(p);
         replies.push(rx);
-        assert_eq!(b.routes["t"].queues, vec![QueueId::new("broker-a", 0)]);
+        assert_eq!(
+            b.topics[b.topic_ids["t"] as usize].queues,
+            vec![QueueId::new("broker-a", 0)]
+        );
         assert_eq!(b.orphans.len(), 1);
         assert_eq!(ids(&b).map(|i| i.1), Some(SINGLE_FLIGHT_SEQUENCE | 4));
     }

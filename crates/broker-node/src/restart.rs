@@ -71,14 +71,14 @@ pub fn image(s: &BrokerState, since: u64, snapshot: &[u8]) -> Vec<u8> {
     let mut estimate = 4096 + s.offset_times.len() * 64;
     for (name, t) in s.topics.unordered() {
         for (qi, q) in t.queues.iter().enumerate() {
-            let from = q.runs.partition_point(|r| r.log_index <= since);
-            let Some(first) = q.runs.get(from).map(|r| r.first_offset) else {
+            let runs = q.runs_after(since);
+            let Some(first) = runs.first().map(|r| r.first_offset) else {
                 continue;
             };
             let d = QueueDeltaOut {
                 topic: name,
                 queue: qi as u32,
-                runs: &q.runs[from..],
+                runs,
                 mixed_tags: Since::of(&q.mixed_tags, first),
                 groups: Since::of(&q.groups, first),
                 ids: q.ids.since(first),

@@ -353,7 +353,9 @@ impl Broker {
                 sequence: p.sequence,
                 count: p.messages.len() as u32,
             });
-            messages.extend(stored_bodies(p.messages));
+            // Into the one list directly: a list per part was an allocation per message at
+            // 1,000 topics.
+            messages.extend(p.messages.into_iter().map(stored_body));
         }
         let cmd = Command::SendMany {
             timestamp_ms,
@@ -457,15 +459,17 @@ pub fn check_message_groups(req: &SendRequest, topic_type: u32) -> Result<(), Re
 
 /// A request's messages as the command stores them (no body is copied).
 pub fn stored_bodies(messages: Vec<raftmq_proto::v1::Message>) -> Vec<StoredBody> {
-    messages
-        .into_iter()
-        .map(|m| StoredBody {
-            key: m.key,
-            tag: m.tag,
-            body: m.body,
-            properties: m.properties.into_iter().collect(),
-        })
-        .collect()
+    messages.into_iter().map(stored_body).collect()
+}
+
+/// A message as the command stores it (its body not copied).
+pub fn stored_body(m: raftmq_proto::v1::Message) -> StoredBody {
+    StoredBody {
+        key: m.key,
+        tag: m.tag,
+        body: m.body,
+        properties: m.properties.into_iter().collect(),
+    }
 }
 
 /// The tag of `Command::SendOnce`: a group applies it once every member's level is above it.

@@ -262,7 +262,7 @@ impl QueueState {
     /// The runs stored by entries after `index`. Found from the end, doubling the step back, then
     /// by a binary search in the last step: a restart image asks for the runs of the last few
     /// seconds of every queue, and at 8,000 queues a binary search over each whole queue cost a
-    /// cache miss per step, most of an image's time.
+    /// cache miss per step per queue per image.
     pub fn runs_after(&self, index: u64) -> &[Run] {
         let runs = &self.runs;
         let mut end = runs.len();

@@ -396,11 +396,7 @@ fn batch_limits(
     route: &TopicRoute,
     target: Option<&QueueId>,
 ) -> (usize, usize) {
-    capped(config, target_limits(route, target))
-}
-
-/// The smaller of this producer's batch limits and a group's.
-fn capped(config: &ProducerConfig, group: SendLimits) -> (usize, usize) {
+    let group = target_limits(route, target);
     (
         config.batch_messages_max.min(group.batch_messages_max),
         config.batch_bytes_max.min(group.batch_bytes_max),
@@ -894,8 +890,7 @@ impl Batcher {
             let Some(first_bytes) = b.msgs.first().map(|p| p.bytes) else {
                 continue;
             };
-            let name = self.topics[key.0 as usize].name.clone();
-            let part_bytes = name.len() + SEND_PART_OVERHEAD_BYTES;
+            let part_bytes = self.topics[key.0 as usize].name.len() + SEND_PART_OVERHEAD_BYTES;
             // Whether a group's open call of this round takes this batch's first message.
             let joinable = |broker: &str| {
                 taking
@@ -970,7 +965,7 @@ impl Batcher {
                 .saturating_sub(part_bytes + batch.iter().map(|p| p.bytes).sum::<usize>());
             call.parts.push(SendJob {
                 router: self.router.clone(),
-                topic: name,
+                topic: self.topics[key.0 as usize].name.clone(),
                 queue,
                 lane,
                 producer_id,

@@ -35,6 +35,7 @@ pub mod preferred;
 pub mod register;
 pub mod restart;
 pub mod retention;
+pub mod runs;
 pub mod service;
 pub mod state;
 pub mod timer;

@@ -24,6 +24,7 @@ use raftmq_raft_log::encoding::postcard_extend;
 use raftmq_raft_log::state_machine::format;
 use serde::{Deserialize, Serialize};
 
+use crate::runs::RunsFrom;
 use crate::state::{BrokerState, Run};
 use crate::timer::{Timer, TimerImage};
 
@@ -120,7 +121,7 @@ struct ImageOut<'a> {
 struct QueueDeltaOut<'a> {
     topic: &'a str,
     queue: u32,
-    runs: &'a [Run],
+    runs: RunsFrom<'a>,
     mixed_tags: Since<'a>,
     groups: Since<'a>,
     ids: Vec<(u64, u32)>,
@@ -210,7 +211,7 @@ pub fn load(images: &[Vec<u8>]) -> io::Result<BrokerState> {
             // an earlier queue (deleted, or shrunk away, since it last had a message).
             if let Some(d) = d.filter(|_| q.next_offset > q.min_offset) {
                 let from = d.runs.partition_point(|r| r.log_index <= trimmed);
-                q.runs = d.runs[from..].to_vec();
+                q.runs = d.runs[from..].iter().copied().collect();
                 let first = q.runs.first().map_or(q.next_offset, |r| r.first_offset);
                 q.bytes = q.runs.iter().map(|r| r.bytes as u64).sum();
                 q.mixed_tags = d.mixed_tags.into_iter().filter(|e| e.0 >= first).collect();
@@ -222,9 +223,8 @@ pub fn load(images: &[Vec<u8>]) -> io::Result<BrokerState> {
                     q.keys.add_fingerprint(o, f);
                 }
             }
-            let runs_add_up = q.runs.windows(2).all(|w| {
-                w[0].first_offset + w[0].count as u64 == w[1].first_offset
-                    && w[0].log_index <= w[1].log_index
+            let runs_add_up = q.runs.iter().zip(q.runs.iter().skip(1)).all(|(a, b)| {
+                a.first_offset + a.count as u64 == b.first_offset && a.log_index <= b.log_index
             });
             let (start, end) = match (q.runs.first(), q.runs.last()) {
                 (Some(a), Some(b)) => (a.first_offset, b.first_offset + b.count as u64),

@@ -21,6 +21,7 @@ use raftmq_raft_log::state_machine::format;
 use crate::command::{BodyView, CommandView, Reply, check_command_format};
 use crate::lookup::Lookup;
 use crate::pop::{self, PopState, TAGS_MIXED};
+use crate::runs::{Runs, RunsFrom};
 use crate::timer::Timer;
 use crate::topic_map::TopicMap;
 use raftmq_rocketmq_v2::convert::P_MSGID;
@@ -235,9 +236,9 @@ pub struct QueueState {
     pub next_offset: u64,
     /// The consume-queue index. Not in snapshots: a snapshot is taken at a checkpoint at or below
     /// the retention point, and every retained entry after it is re-applied (on restart) or
-    /// replicated (to a peer that installed it), which rebuilds the runs.
+    /// replicated (to a peer that installed it), which rebuilds the runs. In chunks ([`Runs`]).
     #[serde(skip)]
-    pub runs: Vec<Run>,
+    pub runs: Runs,
     /// Per-message tag hashes of the runs marked [`TAGS_MIXED`], by their first offset. Not in
     /// snapshots, as `runs`.
     #[serde(skip)]
@@ -263,20 +264,8 @@ impl QueueState {
     /// by a binary search in the last step: a restart image asks for the runs of the last few
     /// seconds of every queue, and at 8,000 queues a binary search over each whole queue cost a
     /// cache miss per step per queue per image.
-    pub fn runs_after(&self, index: u64) -> &[Run] {
-        let runs = &self.runs;
-        let mut end = runs.len();
-        let mut step = 1;
-        loop {
-            // Every run from `end` on is after `index`.
-            let probe = runs.len().saturating_sub(step);
-            if probe == 0 || runs[probe].log_index <= index {
-                let first = probe + runs[probe..end].partition_point(|r| r.log_index <= index);
-                return &runs[first..];
-            }
-            end = probe;
-            step *= 2;
-        }
+    pub fn runs_after(&self, index: u64) -> RunsFrom<'_> {
+        self.runs.since(self.runs.after(index))
     }
 
     /// The run holding `offset`, if it is still indexed.
@@ -305,7 +294,7 @@ impl QueueState {
             .runs
             .partition_point(|r| r.first_offset + r.count as u64 <= from);
         let mut o = from;
-        for r in &self.runs[first..] {
+        for r in self.runs.iter_from(first) {
             if o >= end {
                 break;
             }
@@ -710,7 +699,7 @@ impl BrokerState {
                 for t in self.topics.values_mut() {
                     for q in &mut t.queues {
                         let keep = q.runs.partition_point(|r| r.log_index <= upto_log_index);
-                        q.bytes -= q.runs.drain(..keep).map(|r| r.bytes as u64).sum::<u64>();
+                        q.bytes -= q.runs.drop_front(keep);
                         let first = q
                             .runs
                             .first()
@@ -1946,7 +1935,7 @@ mod scan_tests {
         q.append(2, 0, P_MSGID, &[body("B"), body("B"), body("B")]);
         q.append(3, 0, P_MSGID, &[body("A"), body("B")]);
         if trim_first {
-            q.runs.remove(0);
+            q.runs.drop_front(1);
         }
         q
     }
@@ -1981,11 +1970,11 @@ mod scan_tests {
     }
 
     /// `runs_after` finds the same runs as a binary search over the whole queue: for queues of 0
-    /// to 70 runs whose entries repeat (several parts of one `SendMany`) and skip, and every
-    /// index from before the first entry to past the last.
+    /// to 200 runs (over three chunks) whose entries repeat (several parts of one `SendMany`) and
+    /// skip, and every index from before the first entry to past the last.
     #[test]
     fn runs_after_an_index_are_the_binary_searchs() {
-        for len in 0..70u64 {
+        for len in 0..200u64 {
             let mut q = QueueState::default();
             let mut index = 3;
             for i in 0..len {
@@ -1994,10 +1983,10 @@ mod scan_tests {
                 q.append(index, 0, P_MSGID, &[body("A")]);
             }
             for since in 0..index + 3 {
-                let want = q.runs.partition_point(|r| r.log_index <= since);
-                assert_eq!(
-                    q.runs_after(since),
-                    &q.runs[want..],
+                let all: Vec<Run> = q.runs.iter().copied().collect();
+                let want = all.partition_point(|r| r.log_index <= since);
+                assert!(
+                    q.runs_after(since).iter().eq(&all[want..]),
                     "{len} runs, after {since}"
                 );
             }
@@ -2544,7 +2533,7 @@ mod send_many_tests {
         // What a pull of t/1 from offset 1 serves: b (position 1), e, f (positions 4, 5).
         let data = Bytes::from(many.encode());
         let mut out = Vec::new();
-        for r in &t1.runs {
+        for r in t1.runs.iter() {
             let from = 1u64.max(r.first_offset);
             crate::service::reads::run_messages("B", 1, r, &data, from, 10, &mut out).unwrap();
         }

@@ -1,0 +1,375 @@
+//! A queue's runs ([`Run`]), oldest first, in chunks of [`CHUNK`] runs instead of one vector.
+//!
+//! A vector grows by doubling: it moves to a buffer twice its size, in fresh memory, and leaves the
+//! old one behind. At 1,000 topics × 8 queues a part holds one message, so a queue gains a run per
+//! message stored, and every replica's 8,000 vectors doubled in step: the fresh memory a replica
+//! wrote to was about twice what it kept, and the kernel zeroes fresh memory (2 MiB at a time
+//! where the allocator asks for huge pages) inside the write that first touches it. A chunk after
+//! the first is allocated once, at its full size, and filled; the first grows as a vector does up
+//! to its full size, so a queue of few runs holds no more than before. Trimming drops whole chunks
+//! from the front.
+//!
+//! Every chunk but the first and the last holds exactly [`CHUNK`] runs (runs are added at the end
+//! and dropped from the front), so a position is found by arithmetic and a search by a binary
+//! search over the chunks, then within one.
+
+use std::collections::VecDeque;
+
+use serde::{Serialize, Serializer};
+
+use crate::state::Run;
+
+/// Runs per chunk: 2,560 bytes, one allocation per 64 parts stored in a queue.
+pub const CHUNK: usize = 64;
+const _: () = assert!(CHUNK.is_power_of_two() && CHUNK * size_of::<Run>() <= 4096);
+
+#[derive(Clone, Default)]
+pub struct Runs {
+    /// None empty; all full ([`CHUNK`] runs) but the first and the last.
+    chunks: VecDeque<Vec<Run>>,
+    len: usize,
+}
+
+impl Runs {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn first(&self) -> Option<&Run> {
+        self.chunks.front().and_then(|c| c.first())
+    }
+
+    pub fn last(&self) -> Option<&Run> {
+        self.chunks.back().and_then(|c| c.last())
+    }
+
+    pub fn push(&mut self, run: Run) {
+        match self.chunks.back_mut() {
+            Some(c) if c.len() < CHUNK => c.push(run),
+            full => {
+                // The first chunk grows as a vector does; the others are allocated whole.
+                let mut c = match full {
+                    Some(_) => Vec::with_capacity(CHUNK),
+                    None => Vec::new(),
+                };
+                c.push(run);
+                self.chunks.push_back(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Where the run at position `i` is: (chunk, place in it).
+    fn locate(&self, i: usize) -> (usize, usize) {
+        let head = self.chunks.front().map_or(0, Vec::len);
+        if i < head {
+            (0, i)
+        } else {
+            let j = i - head;
+            (1 + j / CHUNK, j % CHUNK)
+        }
+    }
+
+    /// The position of the first run of chunk `k`.
+    fn start_of(&self, k: usize) -> usize {
+        match k {
+            0 => 0,
+            _ => self.chunks[0].len() + (k - 1) * CHUNK,
+        }
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Run> {
+        if i >= self.len {
+            return None;
+        }
+        let (k, at) = self.locate(i);
+        self.chunks[k].get(at)
+    }
+
+    /// As `slice::partition_point`: the position of the first run `pred` is false for, where
+    /// `pred` is true for every run before it and false for every run from it on.
+    pub fn partition_point(&self, pred: impl Fn(&Run) -> bool) -> usize {
+        let k = self.chunks.partition_point(|c| c.last().is_some_and(&pred));
+        match self.chunks.get(k) {
+            None => self.len,
+            Some(c) => self.start_of(k) + c.partition_point(pred),
+        }
+    }
+
+    /// The runs from position `from` on, in order.
+    pub fn iter_from(&self, from: usize) -> impl Iterator<Item = &Run> + Clone {
+        let (k, at) = if from >= self.len {
+            (self.chunks.len(), 0)
+        } else {
+            self.locate(from)
+        };
+        let head: &[Run] = self.chunks.get(k).map_or(&[], |c| &c[at..]);
+        head.iter().chain(
+            self.chunks
+                .range((k + 1).min(self.chunks.len())..)
+                .flat_map(|c| c.iter()),
+        )
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Run> + Clone {
+        self.iter_from(0)
+    }
+
+    /// The position of the first run stored by an entry after `index`. Found from the end, a
+    /// chunk at a time: a restart image asks for the runs of the last few seconds of every
+    /// queue, and at 8,000 queues a binary search over each whole queue cost a cache miss per
+    /// step per queue per image.
+    pub fn after(&self, index: u64) -> usize {
+        let mut k = self.chunks.len();
+        while k > 0 && self.chunks[k - 1][0].log_index > index {
+            k -= 1;
+        }
+        match k {
+            0 => 0,
+            _ => {
+                self.start_of(k - 1) + self.chunks[k - 1].partition_point(|r| r.log_index <= index)
+            }
+        }
+    }
+
+    /// Drops the first `n` runs (all of them when there are fewer); returns their bytes.
+    pub fn drop_front(&mut self, n: usize) -> u64 {
+        let mut bytes = 0;
+        let mut left = n.min(self.len);
+        self.len -= left;
+        while left > 0 {
+            let c = self
+                .chunks
+                .front_mut()
+                .expect("len counts the chunks' runs");
+            if c.len() <= left {
+                left -= c.len();
+                bytes += c.iter().map(|r| r.bytes as u64).sum::<u64>();
+                self.chunks.pop_front();
+            } else {
+                bytes += c.drain(..left).map(|r| r.bytes as u64).sum::<u64>();
+                left = 0;
+            }
+        }
+        bytes
+    }
+
+    /// The runs from position `from` on, written as the `Vec<Run>` of the same runs is.
+    pub fn since(&self, from: usize) -> RunsFrom<'_> {
+        RunsFrom {
+            runs: self,
+            from: from.min(self.len),
+        }
+    }
+}
+
+impl FromIterator<Run> for Runs {
+    fn from_iter<I: IntoIterator<Item = Run>>(iter: I) -> Runs {
+        let mut runs = Runs::default();
+        for r in iter {
+            runs.push(r);
+        }
+        runs
+    }
+}
+
+impl std::ops::Index<usize> for Runs {
+    type Output = Run;
+    fn index(&self, i: usize) -> &Run {
+        self.get(i).expect("a run at that position")
+    }
+}
+
+/// Equal when they hold the same runs, however chunked.
+impl PartialEq for Runs {
+    fn eq(&self, other: &Runs) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Runs {}
+
+impl std::fmt::Debug for Runs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// The runs of a queue from a position on ([`Runs::since`]).
+#[derive(Clone, Copy)]
+pub struct RunsFrom<'a> {
+    runs: &'a Runs,
+    from: usize,
+}
+
+impl<'a> RunsFrom<'a> {
+    pub fn len(&self) -> usize {
+        self.runs.len - self.from
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn first(&self) -> Option<&'a Run> {
+        self.runs.get(self.from)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'a Run> + Clone {
+        self.runs.iter_from(self.from)
+    }
+}
+
+impl Serialize for RunsFrom<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        // Its length first, as a slice's: the chained chunks do not tell it exactly.
+        let mut seq = s.serialize_seq(Some(self.len()))?;
+        for r in self.iter() {
+            seq.serialize_element(r)?;
+        }
+        seq.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(i: u64) -> Run {
+        Run {
+            first_offset: i * 2,
+            log_index: 10 + i / 3,
+            count: 2,
+            tag_hash: i as u32,
+            bytes: 1 + i as u32,
+            store_ms: 1_000 + i,
+            position: 0,
+        }
+    }
+
+    /// A small deterministic generator (xorshift), so a failure names its seed.
+    fn next(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    /// Every question asked of `runs` is answered as the vector `model` of the same runs would.
+    fn check(runs: &Runs, model: &[Run], what: &str) {
+        assert_eq!(runs.len(), model.len(), "{what}");
+        assert_eq!(runs.is_empty(), model.is_empty(), "{what}");
+        assert_eq!(runs.first(), model.first(), "{what}");
+        assert_eq!(runs.last(), model.last(), "{what}");
+        assert!(runs.iter().eq(model.iter()), "{what}");
+        for i in 0..model.len() + 2 {
+            assert_eq!(runs.get(i), model.get(i), "{what}: get {i}");
+            let from = i.min(model.len());
+            assert!(
+                runs.iter_from(i).eq(model[from..].iter()),
+                "{what}: from {i}"
+            );
+            assert_eq!(runs.since(i).len(), model.len() - from, "{what}: since {i}");
+            assert_eq!(runs.since(i).first(), model.get(from), "{what}: since {i}");
+            assert_eq!(
+                postcard::to_stdvec(&runs.since(i)).unwrap(),
+                postcard::to_stdvec(&model[from..]).unwrap(),
+                "{what}: since {i} written as the slice is"
+            );
+        }
+        let lo = model.first().map_or(0, |r| r.first_offset);
+        let hi = model.last().map_or(0, |r| r.first_offset + 3);
+        for o in lo.saturating_sub(1)..=hi {
+            assert_eq!(
+                runs.partition_point(|r| r.first_offset + r.count as u64 <= o),
+                model.partition_point(|r| r.first_offset + r.count as u64 <= o),
+                "{what}: partition at offset {o}"
+            );
+        }
+        let (lo, hi) = (
+            model.first().map_or(0, |r| r.log_index),
+            model.last().map_or(0, |r| r.log_index),
+        );
+        for index in lo.saturating_sub(2)..=hi + 1 {
+            assert_eq!(
+                runs.after(index),
+                model.partition_point(|r| r.log_index <= index),
+                "{what}: after {index}"
+            );
+        }
+    }
+
+    /// 1. Pushes and drops from the front, in random sizes across chunk boundaries, keep every
+    ///    answer the vector's: positions, searches, the runs from a position and their bytes
+    ///    written.
+    #[test]
+    fn t1_runs_answer_as_the_vector_of_the_same_runs() {
+        for seed in 1..=40u64 {
+            let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut runs = Runs::default();
+            let mut model: Vec<Run> = Vec::new();
+            let mut n = 0u64;
+            for step in 0..12 {
+                for _ in 0..next(&mut s) % (3 * CHUNK as u64) {
+                    runs.push(run(n));
+                    model.push(run(n));
+                    n += 1;
+                }
+                check(&runs, &model, &format!("seed {seed} step {step} pushed"));
+                let k = (next(&mut s) % (model.len() as u64 + 2)) as usize;
+                let gone = k.min(model.len());
+                let want: u64 = model.drain(..gone).map(|r| r.bytes as u64).sum();
+                assert_eq!(runs.drop_front(k), want, "seed {seed} step {step}: bytes");
+                check(
+                    &runs,
+                    &model,
+                    &format!("seed {seed} step {step} dropped {k}"),
+                );
+            }
+        }
+    }
+
+    /// 2. Runs collected from a vector equal runs pushed and trimmed to the same list, though
+    ///    chunked differently; and a run more makes them differ.
+    #[test]
+    fn t2_equal_is_the_same_runs_however_chunked() {
+        let mut pushed = Runs::default();
+        for i in 0..(3 * CHUNK as u64 + 5) {
+            pushed.push(run(i));
+        }
+        pushed.drop_front(CHUNK + 7);
+        let collected: Runs = (CHUNK as u64 + 7..3 * CHUNK as u64 + 5).map(run).collect();
+        assert_eq!(pushed, collected);
+        assert_ne!(
+            pushed.chunks[0].len(),
+            collected.chunks[0].len(),
+            "chunked alike"
+        );
+        pushed.push(run(1_000));
+        assert_ne!(pushed, collected);
+    }
+
+    /// 3. A chunk after the first is allocated at its full size, so pushing never moves a run
+    ///    stored there; the first grows from a few runs, so a queue of one run holds no chunk of
+    ///    64.
+    #[test]
+    fn t3_a_run_past_the_first_chunk_never_moves() {
+        let mut runs = Runs::default();
+        runs.push(run(0));
+        assert!(runs.chunks[0].capacity() < CHUNK);
+        for i in 1..=(CHUNK as u64) {
+            runs.push(run(i));
+        }
+        let at: *const Run = &runs[CHUNK];
+        for i in CHUNK as u64 + 1..(4 * CHUNK as u64) {
+            runs.push(run(i));
+        }
+        assert!(std::ptr::eq(at, &runs[CHUNK]));
+        assert!(runs.chunks.iter().all(|c| c.capacity() == CHUNK));
+    }
+}

@@ -25,18 +25,21 @@ const _: () = assert!(CHUNK.is_power_of_two() && CHUNK * size_of::<Run>() <= 409
 
 #[derive(Clone, Default)]
 pub struct Runs {
-    /// None empty; all full ([`CHUNK`] runs) but the first and the last.
+    /// None empty; all full ([`CHUNK`] runs) but the first and the last, so the count of runs
+    /// and any run's place follow from the first chunk's and the last chunk's lengths.
     chunks: VecDeque<Vec<Run>>,
-    len: usize,
 }
 
 impl Runs {
     pub fn len(&self) -> usize {
-        self.len
+        match self.chunks.len() {
+            0 => 0,
+            n => self.start_of(n - 1) + self.chunks[n - 1].len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.chunks.is_empty()
     }
 
     pub fn first(&self) -> Option<&Run> {
@@ -60,7 +63,6 @@ impl Runs {
                 self.chunks.push_back(c);
             }
         }
-        self.len += 1;
     }
 
     /// Where the run at position `i` is: (chunk, place in it).
@@ -83,11 +85,8 @@ impl Runs {
     }
 
     pub fn get(&self, i: usize) -> Option<&Run> {
-        if i >= self.len {
-            return None;
-        }
         let (k, at) = self.locate(i);
-        self.chunks[k].get(at)
+        self.chunks.get(k)?.get(at)
     }
 
     /// As `slice::partition_point`: the position of the first run `pred` is false for, where
@@ -95,19 +94,19 @@ impl Runs {
     pub fn partition_point(&self, pred: impl Fn(&Run) -> bool) -> usize {
         let k = self.chunks.partition_point(|c| c.last().is_some_and(&pred));
         match self.chunks.get(k) {
-            None => self.len,
+            None => self.len(),
             Some(c) => self.start_of(k) + c.partition_point(pred),
         }
     }
 
     /// The runs from position `from` on, in order.
     pub fn iter_from(&self, from: usize) -> impl Iterator<Item = &Run> + Clone {
-        let (k, at) = if from >= self.len {
-            (self.chunks.len(), 0)
-        } else {
-            self.locate(from)
-        };
-        let head: &[Run] = self.chunks.get(k).map_or(&[], |c| &c[at..]);
+        let (k, at) = self.locate(from);
+        let head: &[Run] = self
+            .chunks
+            .get(k)
+            .and_then(|c| c.get(at..))
+            .unwrap_or_default();
         head.iter().chain(
             self.chunks
                 .range((k + 1).min(self.chunks.len())..)
@@ -139,8 +138,7 @@ impl Runs {
     /// Drops the first `n` runs (all of them when there are fewer); returns their bytes.
     pub fn drop_front(&mut self, n: usize) -> u64 {
         let mut bytes = 0;
-        let mut left = n.min(self.len);
-        self.len -= left;
+        let mut left = n.min(self.len());
         while left > 0 {
             let c = self
                 .chunks
@@ -162,7 +160,7 @@ impl Runs {
     pub fn since(&self, from: usize) -> RunsFrom<'_> {
         RunsFrom {
             runs: self,
-            from: from.min(self.len),
+            from: from.min(self.len()),
         }
     }
 }
@@ -187,7 +185,7 @@ impl std::ops::Index<usize> for Runs {
 /// Equal when they hold the same runs, however chunked.
 impl PartialEq for Runs {
     fn eq(&self, other: &Runs) -> bool {
-        self.len == other.len && self.iter().eq(other.iter())
+        self.len() == other.len() && self.iter().eq(other.iter())
     }
 }
 
@@ -208,7 +206,7 @@ pub struct RunsFrom<'a> {
 
 impl<'a> RunsFrom<'a> {
     pub fn len(&self) -> usize {
-        self.runs.len - self.from
+        self.runs.len() - self.from
     }
 
     pub fn is_empty(&self) -> bool {

@@ -260,10 +260,7 @@ pub struct QueueState {
 }
 
 impl QueueState {
-    /// The runs stored by entries after `index`. Found from the end, doubling the step back, then
-    /// by a binary search in the last step: a restart image asks for the runs of the last few
-    /// seconds of every queue, and at 8,000 queues a binary search over each whole queue cost a
-    /// cache miss per step per queue per image.
+    /// The runs stored by entries after `index`, found from the end ([`Runs::after`]).
     pub fn runs_after(&self, index: u64) -> RunsFrom<'_> {
         self.runs.since(self.runs.after(index))
     }

@@ -11,7 +11,8 @@
 //!
 //! Every chunk but the first and the last holds exactly [`CHUNK`] runs (runs are added at the end
 //! and dropped from the front), so a position is found by arithmetic and a search by a binary
-//! search over the chunks, then within one.
+//! search over the chunks, then within one. The last chunk, where runs are added, is held beside
+//! the deque rather than in it, so adding a run touches the queue's state and that chunk only.
 
 use std::collections::VecDeque;
 
@@ -25,49 +26,63 @@ const _: () = assert!(CHUNK.is_power_of_two() && CHUNK * size_of::<Run>() <= 409
 
 #[derive(Clone, Default)]
 pub struct Runs {
-    /// None empty; all full ([`CHUNK`] runs) but the first and the last, so the count of runs
-    /// and any run's place follow from the first chunk's and the last chunk's lengths.
-    chunks: VecDeque<Vec<Run>>,
+    /// The chunks before the last, oldest first: none empty, all full ([`CHUNK`] runs) but the
+    /// first, so the count of runs and any run's place follow from the first chunk's and the
+    /// last chunk's lengths.
+    sealed: VecDeque<Vec<Run>>,
+    /// The last chunk, where runs are added; empty only when `sealed` is too. Held here rather
+    /// than at the back of `sealed`, so adding a run reaches its place through the queue's state
+    /// and the chunk itself: at 8,000 queues each of the deque's buffer and the chunk's header
+    /// cost apply a cache miss per part stored.
+    tail: Vec<Run>,
 }
 
 impl Runs {
     pub fn len(&self) -> usize {
-        match self.chunks.len() {
+        match self.tail.len() {
             0 => 0,
-            n => self.start_of(n - 1) + self.chunks[n - 1].len(),
+            n => self.start_of(self.sealed.len()) + n,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
+        self.tail.is_empty()
+    }
+
+    /// The chunks, `sealed` then the tail.
+    fn chunks(&self) -> usize {
+        self.sealed.len() + usize::from(!self.tail.is_empty())
+    }
+
+    /// Chunk `k` (of [`Runs::chunks`]).
+    fn chunk(&self, k: usize) -> Option<&[Run]> {
+        match k.cmp(&self.sealed.len()) {
+            std::cmp::Ordering::Less => Some(&self.sealed[k]),
+            std::cmp::Ordering::Equal if !self.tail.is_empty() => Some(&self.tail),
+            _ => None,
+        }
     }
 
     pub fn first(&self) -> Option<&Run> {
-        self.chunks.front().and_then(|c| c.first())
+        self.chunk(0).and_then(|c| c.first())
     }
 
     pub fn last(&self) -> Option<&Run> {
-        self.chunks.back().and_then(|c| c.last())
+        self.tail.last()
     }
 
     pub fn push(&mut self, run: Run) {
-        match self.chunks.back_mut() {
-            Some(c) if c.len() < CHUNK => c.push(run),
-            full => {
-                // The first chunk grows as a vector does; the others are allocated whole.
-                let mut c = match full {
-                    Some(_) => Vec::with_capacity(CHUNK),
-                    None => Vec::new(),
-                };
-                c.push(run);
-                self.chunks.push_back(c);
-            }
+        if self.tail.len() == CHUNK {
+            // The first chunk grew as a vector does; the others are allocated whole.
+            let full = std::mem::replace(&mut self.tail, Vec::with_capacity(CHUNK));
+            self.sealed.push_back(full);
         }
+        self.tail.push(run);
     }
 
     /// Where the run at position `i` is: (chunk, place in it).
     fn locate(&self, i: usize) -> (usize, usize) {
-        let head = self.chunks.front().map_or(0, Vec::len);
+        let head = self.chunk(0).map_or(0, <[Run]>::len);
         if i < head {
             (0, i)
         } else {
@@ -80,38 +95,37 @@ impl Runs {
     fn start_of(&self, k: usize) -> usize {
         match k {
             0 => 0,
-            _ => self.chunks[0].len() + (k - 1) * CHUNK,
+            _ => self.chunk(0).map_or(0, <[Run]>::len) + (k - 1) * CHUNK,
         }
     }
 
     pub fn get(&self, i: usize) -> Option<&Run> {
         let (k, at) = self.locate(i);
-        self.chunks.get(k)?.get(at)
+        self.chunk(k)?.get(at)
     }
 
     /// As `slice::partition_point`: the position of the first run `pred` is false for, where
     /// `pred` is true for every run before it and false for every run from it on.
     pub fn partition_point(&self, pred: impl Fn(&Run) -> bool) -> usize {
-        let k = self.chunks.partition_point(|c| c.last().is_some_and(&pred));
-        match self.chunks.get(k) {
-            None => self.len(),
-            Some(c) => self.start_of(k) + c.partition_point(pred),
-        }
+        let k = self.sealed.partition_point(|c| c.last().is_some_and(&pred));
+        let c = self.chunk(k).unwrap_or_default();
+        self.start_of(k) + c.partition_point(pred)
     }
 
     /// The runs from position `from` on, in order.
     pub fn iter_from(&self, from: usize) -> impl Iterator<Item = &Run> + Clone {
         let (k, at) = self.locate(from);
-        let head: &[Run] = self
-            .chunks
-            .get(k)
-            .and_then(|c| c.get(at..))
-            .unwrap_or_default();
-        head.iter().chain(
-            self.chunks
-                .range((k + 1).min(self.chunks.len())..)
-                .flat_map(|c| c.iter()),
-        )
+        let head: &[Run] = self.chunk(k).and_then(|c| c.get(at..)).unwrap_or_default();
+        let sealed = self.sealed.len();
+        // The tail follows only a head taken from `sealed`.
+        let tail: &[Run] = if k < sealed { &self.tail } else { &[] };
+        head.iter()
+            .chain(
+                self.sealed
+                    .range((k + 1).min(sealed)..)
+                    .flat_map(|c| c.iter()),
+            )
+            .chain(tail.iter())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Run> + Clone {
@@ -123,37 +137,42 @@ impl Runs {
     /// queue, and at 8,000 queues a binary search over each whole queue cost a cache miss per
     /// step per queue per image.
     pub fn after(&self, index: u64) -> usize {
-        let mut k = self.chunks.len();
-        while k > 0 && self.chunks[k - 1][0].log_index > index {
+        let mut k = self.chunks();
+        while k > 0 && self.chunk(k - 1).is_some_and(|c| c[0].log_index > index) {
             k -= 1;
         }
-        match k {
-            0 => 0,
-            _ => {
-                self.start_of(k - 1) + self.chunks[k - 1].partition_point(|r| r.log_index <= index)
-            }
+        match k.checked_sub(1).and_then(|k| Some((k, self.chunk(k)?))) {
+            None => 0,
+            Some((k, c)) => self.start_of(k) + c.partition_point(|r| r.log_index <= index),
         }
     }
 
     /// Drops the first `n` runs (all of them when there are fewer); returns their bytes.
     pub fn drop_front(&mut self, n: usize) -> u64 {
-        let mut bytes = 0;
+        let mut dropped = 0;
         let mut left = n.min(self.len());
         while left > 0 {
-            let c = self
-                .chunks
-                .front_mut()
-                .expect("len counts the chunks' runs");
-            if c.len() <= left {
-                left -= c.len();
-                bytes += c.iter().map(|r| r.bytes as u64).sum::<u64>();
-                self.chunks.pop_front();
-            } else {
-                bytes += c.drain(..left).map(|r| r.bytes as u64).sum::<u64>();
-                left = 0;
+            match self.sealed.front_mut() {
+                Some(c) if c.len() <= left => {
+                    left -= c.len();
+                    dropped += c.iter().map(|r| r.bytes as u64).sum::<u64>();
+                    self.sealed.pop_front();
+                }
+                Some(c) => {
+                    dropped += c.drain(..left).map(|r| r.bytes as u64).sum::<u64>();
+                    left = 0;
+                }
+                None => {
+                    dropped += self.tail.drain(..left).map(|r| r.bytes as u64).sum::<u64>();
+                    left = 0;
+                }
             }
         }
-        bytes
+        if self.tail.is_empty() {
+            // All gone: a queue trimmed empty holds no chunk.
+            self.tail = Vec::new();
+        }
+        dropped
     }
 
     /// The runs from position `from` on, written as the `Vec<Run>` of the same runs is.
@@ -344,8 +363,8 @@ mod tests {
         let collected: Runs = (CHUNK as u64 + 7..3 * CHUNK as u64 + 5).map(run).collect();
         assert_eq!(pushed, collected);
         assert_ne!(
-            pushed.chunks[0].len(),
-            collected.chunks[0].len(),
+            pushed.chunk(0).map(<[Run]>::len),
+            collected.chunk(0).map(<[Run]>::len),
             "chunked alike"
         );
         pushed.push(run(1_000));
@@ -359,7 +378,7 @@ mod tests {
     fn t3_a_run_past_the_first_chunk_never_moves() {
         let mut runs = Runs::default();
         runs.push(run(0));
-        assert!(runs.chunks[0].capacity() < CHUNK);
+        assert!(runs.tail.capacity() < CHUNK);
         for i in 1..=(CHUNK as u64) {
             runs.push(run(i));
         }
@@ -368,6 +387,11 @@ mod tests {
             runs.push(run(i));
         }
         assert!(std::ptr::eq(at, &runs[CHUNK]));
-        assert!(runs.chunks.iter().all(|c| c.capacity() == CHUNK));
+        assert!(
+            runs.sealed
+                .iter()
+                .chain([&runs.tail])
+                .all(|c| c.capacity() == CHUNK)
+        );
     }
 }

@@ -80,9 +80,14 @@ impl Runs {
         self.tail.push(run);
     }
 
+    /// Runs in the first chunk (the one chunk that may hold fewer than [`CHUNK`] but the last).
+    fn first_len(&self) -> usize {
+        self.chunk(0).map_or(0, <[Run]>::len)
+    }
+
     /// Where the run at position `i` is: (chunk, place in it).
     fn locate(&self, i: usize) -> (usize, usize) {
-        let head = self.chunk(0).map_or(0, <[Run]>::len);
+        let head = self.first_len();
         if i < head {
             (0, i)
         } else {
@@ -95,7 +100,7 @@ impl Runs {
     fn start_of(&self, k: usize) -> usize {
         match k {
             0 => 0,
-            _ => self.chunk(0).map_or(0, <[Run]>::len) + (k - 1) * CHUNK,
+            _ => self.first_len() + (k - 1) * CHUNK,
         }
     }
 
@@ -141,9 +146,12 @@ impl Runs {
         while k > 0 && self.chunk(k - 1).is_some_and(|c| c[0].log_index > index) {
             k -= 1;
         }
-        match k.checked_sub(1).and_then(|k| Some((k, self.chunk(k)?))) {
-            None => 0,
-            Some((k, c)) => self.start_of(k) + c.partition_point(|r| r.log_index <= index),
+        match k {
+            0 => 0,
+            _ => {
+                let c = self.chunk(k - 1).unwrap_or_default();
+                self.start_of(k - 1) + c.partition_point(|r| r.log_index <= index)
+            }
         }
     }
 

@@ -1979,8 +1979,8 @@ mod scan_tests {
                 index += i % 3;
                 q.append(index, 0, P_MSGID, &[body("A")]);
             }
+            let all: Vec<Run> = q.runs.iter().copied().collect();
             for since in 0..index + 3 {
-                let all: Vec<Run> = q.runs.iter().copied().collect();
                 let want = all.partition_point(|r| r.log_index <= since);
                 assert!(
                     q.runs_after(since).iter().eq(&all[want..]),

@@ -24,7 +24,6 @@ use raftmq_raft_log::encoding::postcard_extend;
 use raftmq_raft_log::state_machine::format;
 use serde::{Deserialize, Serialize};
 
-use crate::runs::RunsFrom;
 use crate::state::{BrokerState, Run};
 use crate::timer::{Timer, TimerImage};
 
@@ -63,9 +62,11 @@ impl QueueDelta {
     }
 }
 
-/// The image of `s`: its small state (`snapshot`, what `s.snapshot()` gives) and what apply built
-/// for entries after `since`.
-pub fn image(s: &BrokerState, since: u64, snapshot: &[u8]) -> Vec<u8> {
+/// The image of `s` as of now, but for its snapshot (what `s.snapshot()` gives, which
+/// [`Taken::encode`] adds), copied out of the state: the timer, the status-only fields and what
+/// apply built for the entries after `since`. Apply waits while this is taken and no longer: the
+/// image writer's thread encodes it.
+pub fn take(s: &BrokerState, since: u64) -> Taken {
     let mut queues = Vec::new();
     // What the body will take, about (varints at their widest for runs): a buffer of megabytes
     // grown by doubling cost its copies and fresh pages.
@@ -76,12 +77,15 @@ pub fn image(s: &BrokerState, since: u64, snapshot: &[u8]) -> Vec<u8> {
             let Some(first) = runs.first().map(|r| r.first_offset) else {
                 continue;
             };
-            let d = QueueDeltaOut {
-                topic: name,
+            let since_first = |m: &BTreeMap<u64, Box<[u32]>>| -> Vec<(u64, Box<[u32]>)> {
+                m.range(first..).map(|(o, h)| (*o, h.clone())).collect()
+            };
+            let d = QueueDelta {
+                topic: name.clone(),
                 queue: qi as u32,
-                runs,
-                mixed_tags: Since::of(&q.mixed_tags, first),
-                groups: Since::of(&q.groups, first),
+                runs: runs.iter().copied().collect(),
+                mixed_tags: since_first(&q.mixed_tags),
+                groups: since_first(&q.groups),
                 ids: q.ids.since(first),
                 keys: q.keys.since(first),
             };
@@ -89,69 +93,56 @@ pub fn image(s: &BrokerState, since: u64, snapshot: &[u8]) -> Vec<u8> {
                 + 16
                 + d.runs.len() * 48
                 + (d.ids.len() + d.keys.len()) * 15
-                + (d.mixed_tags.len + d.groups.len) * 16;
+                + (d.mixed_tags.len() + d.groups.len()) * 16;
             queues.push(d);
         }
     }
-    let image = ImageOut {
-        snapshot,
+    Taken {
         timer: s.timer.image(),
         stamped_ms: s.stamped_ms,
-        offset_times: &s.offset_times,
+        offset_times: s.offset_times.clone(),
         queues,
-    };
-    let out = format::envelope_to_fill(RESTART_IMAGE_FORMAT_VERSION, snapshot.len() + estimate);
-    postcard_extend(&image, out).expect("an image always encodes")
+        estimate,
+    }
 }
 
-/// [`Image`] as it is written, borrowing from the state instead of copying it: the same fields in
-/// the same order, so the same bytes.
+/// An image taken from the state ([`take`]) and not yet encoded: it owns what it holds, so the
+/// state may change meanwhile.
+pub struct Taken {
+    timer: TimerImage,
+    stamped_ms: u64,
+    offset_times: BTreeMap<(String, String, u32), u64>,
+    queues: Vec<QueueDelta>,
+    /// About what the encoded body will take.
+    estimate: usize,
+}
+
+impl Taken {
+    /// The image's bytes, holding `snapshot`: the state's snapshot at the entry it was taken at.
+    pub fn encode(self, snapshot: &[u8]) -> Vec<u8> {
+        let image = ImageOut {
+            snapshot,
+            timer: &self.timer,
+            stamped_ms: self.stamped_ms,
+            offset_times: &self.offset_times,
+            queues: &self.queues,
+        };
+        let out =
+            format::envelope_to_fill(RESTART_IMAGE_FORMAT_VERSION, snapshot.len() + self.estimate);
+        postcard_extend(&image, out).expect("an image always encodes")
+    }
+}
+
+/// [`Image`] as it is written, borrowing its snapshot and its parts: the same fields in the same
+/// order, so the same bytes.
 #[derive(Serialize)]
 struct ImageOut<'a> {
     #[serde(with = "serde_bytes")]
     snapshot: &'a [u8],
-    timer: TimerImage,
+    timer: &'a TimerImage,
     stamped_ms: u64,
     offset_times: &'a BTreeMap<(String, String, u32), u64>,
-    queues: Vec<QueueDeltaOut<'a>>,
-}
-
-/// [`QueueDelta`] as it is written ([`ImageOut`]).
-#[derive(Serialize)]
-struct QueueDeltaOut<'a> {
-    topic: &'a str,
-    queue: u32,
-    runs: RunsFrom<'a>,
-    mixed_tags: Since<'a>,
-    groups: Since<'a>,
-    ids: Vec<(u64, u32)>,
-    keys: Vec<(u64, u32)>,
-}
-
-/// The per-message hashes of a queue's runs from an offset on, written as the sequence of
-/// `(offset, hashes)` pairs `Vec<(u64, Box<[u32]>)>` is.
-struct Since<'a> {
-    map: &'a BTreeMap<u64, Box<[u32]>>,
-    from: u64,
-    len: usize,
-}
-
-impl<'a> Since<'a> {
-    fn of(map: &'a BTreeMap<u64, Box<[u32]>>, from: u64) -> Since<'a> {
-        let len = map.range(from..).count();
-        Since { map, from, len }
-    }
-}
-
-impl Serialize for Since<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let mut seq = s.serialize_seq(Some(self.len))?;
-        for e in self.map.range(self.from..) {
-            seq.serialize_element(&e)?;
-        }
-        seq.end()
-    }
+    queues: &'a [QueueDelta],
 }
 
 fn invalid(e: impl std::fmt::Display) -> io::Error {
@@ -336,11 +327,16 @@ mod tests {
             };
             st.apply(index, 1, &cmd.encode());
             if r.below(25) == 0 || index == entries {
-                images.push(image(st, since, &st.snapshot()));
+                images.push((take(st, since), st.snapshot()));
                 since = index;
             }
         }
+        // Encoded after the whole history, as the image writer may: an image holds what it
+        // took, whatever apply did since.
         images
+            .into_iter()
+            .map(|(taken, snapshot)| taken.encode(&snapshot))
+            .collect()
     }
 
     fn same_queue(name: &str, qi: usize, a: &QueueState, b: &QueueState) {
@@ -422,7 +418,7 @@ mod tests {
         );
     }
 
-    /// 3. An image is written as borrowed fields ([`ImageOut`]) into a buffer sized ahead: its
+    /// 3. An image is written through borrowed fields ([`ImageOut`]) into a buffer sized ahead: its
     ///    bytes are those of the owned [`Image`] it reads back as, so the format is unchanged.
     #[test]
     fn t3_an_image_is_the_bytes_of_the_image_it_reads_back_as() {

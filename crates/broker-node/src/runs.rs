@@ -138,9 +138,10 @@ impl Runs {
     }
 
     /// The position of the first run stored by an entry after `index`. Found from the end, a
-    /// chunk at a time: a restart image asks for the runs of the last few seconds of every
-    /// queue, and at 8,000 queues a binary search over each whole queue cost a cache miss per
-    /// step per queue per image.
+    /// chunk at a time, then a run at a time: a restart image asks for the runs of the last few
+    /// seconds of every queue and copies them, and at 8,000 queues a binary search (over each
+    /// whole queue, later over the chunk) cost a cache miss per step per queue per image, where
+    /// the walk back reads only the runs the image copies next, and one more.
     pub fn after(&self, index: u64) -> usize {
         let mut k = self.chunks();
         while k > 0 && self.chunk(k - 1).is_some_and(|c| c[0].log_index > index) {
@@ -150,7 +151,8 @@ impl Runs {
             0 => 0,
             _ => {
                 let c = self.chunk(k - 1).unwrap_or_default();
-                self.start_of(k - 1) + c.partition_point(|r| r.log_index <= index)
+                let later = c.iter().rev().take_while(|r| r.log_index > index).count();
+                self.start_of(k - 1) + c.len() - later
             }
         }
     }

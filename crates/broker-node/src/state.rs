@@ -1508,8 +1508,9 @@ impl raftmq_raft_log::StateMachine for BrokerState {
         Ok(())
     }
 
-    fn restart_image(&self, since: u64, snapshot: &[u8]) -> Option<Vec<u8>> {
-        Some(crate::restart::image(self, since, snapshot))
+    fn restart_image(&self, since: u64) -> Option<raftmq_raft_log::state_machine::ImageEncoder> {
+        let taken = crate::restart::take(self, since);
+        Some(Box::new(move |snapshot: &[u8]| taken.encode(snapshot)))
     }
 
     fn load_restart_images(&mut self, images: &[Vec<u8>]) -> std::io::Result<()> {

@@ -2,10 +2,11 @@
 //! of re-applying its whole retained log (DESIGN.md "Storage"; issue 20: restart cost independent
 //! of retained data).
 //!
-//! Every `raft.restart_image_bytes` of applied payload, the adapter asks the state machine for an image ([`StateMachine::restart_image`]): its whole small state
-//! plus what apply built for the entries after the previous image (the broker's consume-queue
-//! runs, tag and group hashes, id and key fingerprints). A background thread writes it to
-//! `sm/restart/{index:020}.img`. Each image names the one before it (`prev`), so the images form
+//! Every `raft.restart_image_bytes` of applied payload, the adapter asks the state machine for an
+//! image ([`StateMachine::restart_image`]): its whole small state plus what apply built for the
+//! entries after the previous image (the broker's consume-queue runs, tag and group hashes, id
+//! and key fingerprints). Apply waits only while the state machine takes what the image holds; a
+//! background thread encodes it and writes it to `sm/restart/{index:020}.img`. Each image names the one before it (`prev`), so the images form
 //! a chain whose deltas together hold everything built since the snapshot. At start the member
 //! loads the longest chain that begins at or below the snapshot and ends at an entry its log
 //! still holds (same index and term), sets its applied index there, and openraft re-applies only
@@ -175,14 +176,24 @@ pub(crate) fn chain(
 }
 
 /// What the writer thread does, in the order asked.
+/// An image taken at apply and not yet encoded ([`crate::state_machine::ImageEncoder`]): the
+/// writer encodes it into an [`ImageFile`].
+pub(crate) struct Pending {
+    pub prev: u64,
+    pub meta: SnapshotMeta,
+    /// The state's snapshot at the image's entry, which the image holds.
+    pub snapshot: Vec<u8>,
+    pub encode: crate::state_machine::ImageEncoder,
+}
+
 pub(crate) enum Job {
-    Write(u64, ImageFile),
+    Write(u64, Pending),
     /// Removes the images at or below this index.
     RemoveUpto(u64),
     RemoveAll,
 }
 
-/// Writes images off the apply path, one at a time, in order.
+/// Encodes and writes images off the apply path, one at a time, in order.
 pub(crate) struct Writer {
     tx: mpsc::Sender<Job>,
 }
@@ -211,8 +222,13 @@ impl Writer {
 
 fn run(dir: &Path, job: Job) -> io::Result<()> {
     match job {
-        Job::Write(index, file) => {
+        Job::Write(index, pending) => {
             let started = std::time::Instant::now();
+            let file = ImageFile {
+                prev: pending.prev,
+                meta: pending.meta,
+                data: (pending.encode)(&pending.snapshot),
+            };
             std::fs::create_dir_all(dir)?;
             let head = file.head()?;
             let path = path_of(dir, index);
@@ -343,10 +359,12 @@ mod tests {
     #[test]
     fn t4_the_writer_writes_lists_and_removes_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let file = |prev| ImageFile {
+        // The writer encodes what apply took: here, the snapshot twice.
+        let file = |prev| Pending {
             prev,
             meta: SnapshotMeta::default(),
-            data: vec![7; 10],
+            snapshot: vec![7, 8],
+            encode: Box::new(|s: &[u8]| [s, s].concat()),
         };
         for (i, prev) in [(10, 0), (20, 10), (30, 20)] {
             run(dir.path(), Job::Write(i, file(prev))).unwrap();
@@ -355,7 +373,8 @@ mod tests {
         run(dir.path(), Job::RemoveUpto(20)).unwrap();
         assert_eq!(list(dir.path()).unwrap(), [30]);
         let b = std::fs::read(path_of(dir.path(), 30)).unwrap();
-        assert_eq!(ImageFile::decode(Path::new("30"), &b).unwrap().prev, 20);
+        let back = ImageFile::decode(Path::new("30"), &b).unwrap();
+        assert_eq!((back.prev, back.data), (20, vec![7, 8, 7, 8]));
         run(dir.path(), Job::RemoveAll).unwrap();
         assert!(list(dir.path()).unwrap().is_empty());
         assert!(list(&dir.path().join("absent")).unwrap().is_empty());

@@ -16,8 +16,6 @@
 
 use std::collections::VecDeque;
 
-use serde::{Serialize, Serializer};
-
 use crate::state::Run;
 
 /// Runs per chunk: 2,560 bytes, one allocation per 64 parts stored in a queue.
@@ -185,7 +183,7 @@ impl Runs {
         dropped
     }
 
-    /// The runs from position `from` on, written as the `Vec<Run>` of the same runs is.
+    /// The runs from position `from` on.
     pub fn since(&self, from: usize) -> RunsFrom<'_> {
         RunsFrom {
             runs: self,
@@ -251,18 +249,6 @@ impl<'a> RunsFrom<'a> {
     }
 }
 
-impl Serialize for RunsFrom<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        // Its length first, as a slice's: the chained chunks do not tell it exactly.
-        let mut seq = s.serialize_seq(Some(self.len()))?;
-        for r in self.iter() {
-            seq.serialize_element(r)?;
-        }
-        seq.end()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,11 +289,6 @@ mod tests {
             );
             assert_eq!(runs.since(i).len(), model.len() - from, "{what}: since {i}");
             assert_eq!(runs.since(i).first(), model.get(from), "{what}: since {i}");
-            assert_eq!(
-                postcard::to_stdvec(&runs.since(i)).unwrap(),
-                postcard::to_stdvec(&model[from..]).unwrap(),
-                "{what}: since {i} written as the slice is"
-            );
         }
         let lo = model.first().map_or(0, |r| r.first_offset);
         let hi = model.last().map_or(0, |r| r.first_offset + 3);

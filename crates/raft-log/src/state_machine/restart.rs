@@ -6,11 +6,11 @@
 //! image ([`StateMachine::restart_image`]): its whole small state plus what apply built for the
 //! entries after the previous image (the broker's consume-queue runs, tag and group hashes, id
 //! and key fingerprints). Apply waits only while the state machine takes what the image holds; a
-//! background thread encodes it and writes it to `sm/restart/{index:020}.img`. Each image names the one before it (`prev`), so the images form
-//! a chain whose deltas together hold everything built since the snapshot. At start the member
-//! loads the longest chain that begins at or below the snapshot and ends at an entry its log
-//! still holds (same index and term), sets its applied index there, and openraft re-applies only
-//! the tail after it. Anything else (no images, a broken chain, a damaged file, a state machine
+//! background thread encodes it and writes it to `sm/restart/{index:020}.img`. Each image names
+//! the one before it (`prev`), so the images form a chain whose deltas together hold everything
+//! built since the snapshot. At start the member loads the longest chain that begins at or below
+//! the snapshot and ends at an entry its log still holds (same index and term), sets its applied
+//! index there, and openraft re-applies only the tail after it. Anything else (no images, a broken chain, a damaged file, a state machine
 //! that refuses the images) falls back to the snapshot and a full re-apply, as before; nothing is
 //! lost either way.
 //!
@@ -175,7 +175,6 @@ pub(crate) fn chain(
     Vec::new()
 }
 
-/// What the writer thread does, in the order asked.
 /// An image taken at apply and not yet encoded ([`crate::state_machine::ImageEncoder`]): the
 /// writer encodes it into an [`ImageFile`].
 pub(crate) struct Pending {
@@ -186,6 +185,7 @@ pub(crate) struct Pending {
     pub encode: crate::state_machine::ImageEncoder,
 }
 
+/// What the writer thread does, in the order asked.
 pub(crate) enum Job {
     Write(u64, Pending),
     /// Removes the images at or below this index.

@@ -8,8 +8,9 @@
 //! - `encode`: the client builds the `raftmq.v1.SendRequest` and encodes it (prost);
 //! - `decode`: the leader decodes it, checks it (`validate_send`) and encodes the `Send` command
 //!   (postcard), the entry's payload;
-//! - `append`: the log store encodes the entry's record (header, CRC-32, copy) as an append does
-//!   before its write (the write and fsync are system calls, not counted);
+//! - `append`: the log store encodes the entry's record (header, CRC-32; the entry's bytes are
+//!   written from where they lie) as an append does before its write (the write and fsync are
+//!   system calls, not counted);
 //! - `apply`: the state machine applies the entry (offsets, consume-queue run, tag hashes, id
 //!   index, producer window);
 //! - `pull`: a pull of the batch: the entry viewed, its messages built and the `PullResponse`
@@ -165,7 +166,7 @@ fn main() {
         }
         .encode(),
     );
-    let mut record_buf = Vec::new();
+    let mut records = record::Records::default();
     let mut sink = 0usize;
     for b in 0..batches {
         let index = b + 2;
@@ -199,14 +200,14 @@ fn main() {
             continue;
         }
         // append
-        record_buf.clear();
-        record::encode(
-            &mut record_buf,
-            &log_id(1, 1, index),
-            &EntryPayload::Normal(Payload(payload.clone())),
-        )
-        .expect("encodes");
-        sink += record_buf.len();
+        records.clear();
+        records
+            .push(
+                &log_id(1, 1, index),
+                &EntryPayload::Normal(Payload(payload.clone())),
+            )
+            .expect("encodes");
+        sink += records.slices().map(<[u8]>::len).sum::<usize>();
         if upto < 4 {
             continue;
         }

@@ -11,6 +11,7 @@
 //! - `testkit` (feature `testing`): a local group of members with abrupt kill, for tests and
 //!   benchmarks.
 
+mod append_wire;
 pub mod catchup;
 pub mod commit_notice;
 pub mod config;

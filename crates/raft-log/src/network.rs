@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::append_wire::{self, OutgoingAppend};
 use crate::peers::Links;
 use crate::state_machine::Snapshot;
 use crate::types::{NodeId, TypeConfig, Vote};
@@ -364,7 +365,10 @@ impl PeerClient {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         self.backoff().await;
-        let mut client = self.client()?;
+        let channel = match &self.channel {
+            Ok(c) => c.clone(),
+            Err(e) => return Err(unreachable(e.clone())),
+        };
         let ttl = option.hard_ttl();
         let target = self.target;
         // When each request still unanswered was sent and its size, oldest first.
@@ -389,38 +393,34 @@ impl PeerClient {
                         _ = session_over.changed() => None,
                         req = input.next() => req,
                     }?;
-                    let request = RaftRequest {
-                        header: header.take(),
-                        // An unencodable request (never seen) goes out empty: the follower
-                        // refuses it, which ends the stream with an error.
-                        payload: encode_append(&req).unwrap_or_default(),
-                    };
+                    let request = OutgoingAppend::new(header.take(), req);
                     if let Ok(mut q) = sent_in.lock() {
                         q.requests.push_back(SentAppend {
                             at: Instant::now(),
-                            bytes: request.payload.len(),
-                            entries: !req.entries.is_empty(),
+                            bytes: request.payload_len(),
+                            entries: request.has_entries(),
                         });
                     }
                     Some((request, (input, session_over, header)))
                 }
             },
         );
-        let replies = match tokio::time::timeout(ttl, client.append_stream(requests)).await {
-            Err(_) => {
-                let e = network(format!(
-                    "peer {target} did not open the append stream within {ttl:?}"
-                ));
-                self.failed(&e);
-                return Err(e);
-            }
-            Ok(Err(status)) => {
-                let e = status_to_rpc(target, status);
-                self.failed(&e);
-                return Err(e);
-            }
-            Ok(Ok(r)) => r.into_inner(),
-        };
+        let replies =
+            match tokio::time::timeout(ttl, append_wire::open_stream(channel, requests)).await {
+                Err(_) => {
+                    let e = network(format!(
+                        "peer {target} did not open the append stream within {ttl:?}"
+                    ));
+                    self.failed(&e);
+                    return Err(e);
+                }
+                Ok(Err(status)) => {
+                    let e = status_to_rpc(target, status);
+                    self.failed(&e);
+                    return Err(e);
+                }
+                Ok(Ok(r)) => r.into_inner(),
+            };
         if let Ok(mut q) = sent.lock() {
             q.answered_at = Some(Instant::now());
         }

@@ -182,7 +182,15 @@ impl AdmitAppends {
                     (None, true) => Ok(()),
                     (h, _) => check_header(&self.me, h.as_ref()),
                 };
-                header.and_then(|()| decode(&req.payload))
+                header.and_then(|()| {
+                    // prost copied the payload out of gRPC's buffer once, into a `Vec` of its
+                    // size; the entries are slices of it. (Decoded as `Bytes`, the payload was a
+                    // slice of gRPC's buffer itself, which then could not be reused: it was
+                    // allocated afresh and grown by doubling for every request, and a
+                    // follower's append took longer.)
+                    crate::encoding::decode_shared(&bytes::Bytes::from(req.payload))
+                        .map_err(|e| format!("decode: {e}"))
+                })
             }
         };
         match r {

@@ -7,8 +7,31 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// An opaque command or reply of the application state machine (the broker's encoding).
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Decoded by [`crate::encoding::decode_shared`], a payload is a slice of the buffer it was decoded
+/// from (no copy); decoded any other way, a copy. The encoding is `Bytes`'s either way.
+#[derive(Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Payload(pub Bytes);
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Newtype;
+        impl<'de> serde::de::Visitor<'de> for Newtype {
+            type Value = Payload;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a payload")
+            }
+            fn visit_newtype_struct<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Payload, D::Error> {
+                d.deserialize_bytes(crate::encoding::SharedBytes)
+                    .map(Payload)
+            }
+        }
+        d.deserialize_newtype_struct("Payload", Newtype)
+    }
+}
 
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

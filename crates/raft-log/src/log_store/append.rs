@@ -12,11 +12,15 @@ impl LogStore {
     /// Writes `entries` (which must follow the last index) and returns the files to sync.
     pub(super) fn write_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<SyncTarget>> {
         let mut g = self.inner.write().map_err(|_| poisoned())?;
-        // Sized for the whole batch up front: growing by doubling would copy it again and again.
-        let mut buf = Vec::with_capacity(
+        // The records' own bytes (headers, small payloads); large payloads are written from where
+        // they lie (`record::Records`).
+        let mut buf = record::Records::with_capacity(
             entries
                 .iter()
-                .map(|e| payload_len_hint(&e.payload) + record::HEADER_BYTES + 16)
+                .map(|e| match payload_len_hint(&e.payload) {
+                    n if n >= record::SPLICE_BYTES_MIN => 16,
+                    n => n,
+                } + record::HEADER_BYTES + 16)
                 .sum::<usize>()
                 .min(g.segment_bytes_max as usize),
         );
@@ -69,7 +73,7 @@ impl LogStore {
             }
             batch_first.get_or_insert(id.index);
             idx_in_buf.push((id.index, buf.len() as u64));
-            record::encode(&mut buf, &id, &e.payload)?;
+            buf.push(&id, &e.payload)?;
             g.last = Some(id);
             g.tail.push(e);
         }
@@ -83,7 +87,7 @@ impl LogStore {
 impl Inner {
     fn flush_buf(
         &mut self,
-        buf: &mut Vec<u8>,
+        buf: &mut record::Records,
         idx: &mut Vec<(u64, u64)>,
     ) -> io::Result<SyncTarget> {
         let seg = self

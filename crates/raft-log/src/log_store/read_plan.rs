@@ -147,10 +147,10 @@ mod tests {
     /// A segment file holding `[first, next)`.
     fn segment(dir: &Path, first: u64, next: u64) -> Segment {
         let mut seg = Segment::create(dir, first, 0).unwrap();
-        let (mut buf, mut idx) = (Vec::new(), Vec::new());
+        let (mut buf, mut idx) = (record::Records::default(), Vec::new());
         for i in first..next {
             idx.push((i, buf.len() as u64));
-            record::encode(&mut buf, &log_id(1, 1, i), &payload(i)).unwrap();
+            buf.push(&log_id(1, 1, i), &payload(i)).unwrap();
         }
         seg.append(&buf, &idx).unwrap();
         seg

@@ -28,6 +28,9 @@
 //! length-prefixed byte string. That enum's variant order is openraft's, and it is our tag on
 //! disk: the golden test below fails if an openraft upgrade moves it.
 
+use bytes::Bytes;
+use postcard::ser_flavors::Flavor;
+
 use crate::types::{EntryPayload, LogId};
 
 pub const HEADER_BYTES: usize = 32;
@@ -103,8 +106,165 @@ pub fn encode(out: &mut Vec<u8>, log_id: &LogId, payload: &EntryPayload) -> std:
     Ok(())
 }
 
+/// A normal entry's bytes at least this long are written from where they are (see [`Records`]);
+/// shorter ones are copied with the record's other bytes.
+pub const SPLICE_BYTES_MIN: usize = 1024;
+
+/// The records of one write, encoded as [`encode`] does, with each normal entry's bytes (of at
+/// least [`SPLICE_BYTES_MIN`]) left where they are: `head` holds every other byte, and the write
+/// gathers the pieces ([`Records::slices`]). A write of a batch no longer copies its entries into
+/// one buffer first (a fresh one per write, as large as the batch).
+#[derive(Default)]
+pub struct Records {
+    head: Vec<u8>,
+    /// Each payload and where it goes: before `head[at..]`, after the pieces before it.
+    spliced: Vec<(usize, Bytes)>,
+    /// The records' whole length: `head` and the spliced bytes.
+    len: usize,
+}
+
+impl Records {
+    /// Empty, with room for `head` bytes besides the spliced ones.
+    pub fn with_capacity(head: usize) -> Records {
+        Records {
+            head: Vec::with_capacity(head),
+            ..Default::default()
+        }
+    }
+
+    /// The records' length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.head.clear();
+        self.spliced.clear();
+        self.len = 0;
+    }
+
+    /// Appends one record (the bytes [`encode`] appends). On an error nothing is appended.
+    pub fn push(&mut self, log_id: &LogId, payload: &EntryPayload) -> std::io::Result<()> {
+        let start = self.head.len();
+        let spliced_before = self.spliced.len();
+        let mut header = [0u8; HEADER_BYTES];
+        header[8..16].copy_from_slice(&log_id.index.to_le_bytes());
+        header[16..24].copy_from_slice(&log_id.leader_id.term.to_le_bytes());
+        header[24..32].copy_from_slice(&log_id.leader_id.node_id.to_le_bytes());
+        self.head.extend_from_slice(&header);
+        let big = match payload {
+            EntryPayload::Normal(p) if p.0.len() >= SPLICE_BYTES_MIN => Some(&p.0),
+            _ => None,
+        };
+        let flavor = Splice {
+            head: &mut self.head,
+            spliced: &mut self.spliced,
+            big,
+        };
+        let done = postcard::serialize_with_flavor(payload, flavor)
+            .map_err(std::io::Error::other)
+            .and_then(|()| {
+                let spliced: usize = self.spliced[spliced_before..]
+                    .iter()
+                    .map(|(_, b)| b.len())
+                    .sum();
+                let payload_len = self.head.len() - start - HEADER_BYTES + spliced;
+                if payload_len as u64 > PAYLOAD_BYTES_MAX as u64 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!(
+                            "log entry of {payload_len} bytes exceeds the {PAYLOAD_BYTES_MAX}-byte record limit"
+                        ),
+                    ));
+                }
+                Ok(payload_len)
+            });
+        let payload_len = match done {
+            Ok(n) => n,
+            Err(e) => {
+                self.head.truncate(start);
+                self.spliced.truncate(spliced_before);
+                return Err(e);
+            }
+        };
+        self.head[start..start + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        let mut h = crc32fast::Hasher::new();
+        let mut from = start + 8;
+        for (at, b) in &self.spliced[spliced_before..] {
+            h.update(&self.head[from..*at]);
+            h.update(b);
+            from = *at;
+        }
+        h.update(&self.head[from..]);
+        self.head[start + 4..start + 8].copy_from_slice(&h.finalize().to_le_bytes());
+        self.len += HEADER_BYTES + payload_len;
+        Ok(())
+    }
+
+    /// The records' bytes in order, as pieces to write together.
+    pub fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        let mut from = 0;
+        self.spliced
+            .iter()
+            .flat_map(move |(at, b)| {
+                let before = &self.head[from..*at];
+                from = *at;
+                [before, &b[..]]
+            })
+            .chain(std::iter::once_with(move || {
+                let last = self.spliced.last().map_or(0, |(at, _)| *at);
+                &self.head[last..]
+            }))
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// postcard writing into a record's head, leaving one byte string (the entry's payload) out.
+struct Splice<'a> {
+    head: &'a mut Vec<u8>,
+    spliced: &'a mut Vec<(usize, Bytes)>,
+    big: Option<&'a Bytes>,
+}
+
+impl Flavor for Splice<'_> {
+    type Output = ();
+
+    #[inline]
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        match self.big {
+            Some(b) if data.as_ptr() == b.as_ptr() && data.len() == b.len() => {
+                self.spliced.push((self.head.len(), b.clone()));
+                self.big = None;
+            }
+            _ => self.head.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.head.push(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
 pub fn decode_payload(payload: &[u8]) -> std::io::Result<EntryPayload> {
     postcard::from_bytes(payload)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// [`decode_payload`] of `payload`, a slice of `buf`: the entry's bytes are a slice of `buf`
+/// (no copy).
+pub fn decode_payload_in(buf: &bytes::Bytes, payload: &[u8]) -> std::io::Result<EntryPayload> {
+    crate::encoding::decode_shared(&buf.slice_ref(payload))
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
@@ -126,6 +286,64 @@ mod tests {
         assert_eq!(decode_payload(&buf[HEADER_BYTES..]).unwrap(), p);
         buf[HEADER_BYTES + 1] ^= 0x10;
         assert_ne!(h.crc, checksum(&buf[8..HEADER_BYTES], &buf[HEADER_BYTES..]));
+    }
+
+    fn normal(len: usize, fill: u8) -> EntryPayload {
+        EntryPayload::Normal(Payload(vec![fill; len].into()))
+    }
+
+    /// `Records` writes `encode`'s bytes, a large payload written from where it lies, and an entry
+    /// it refuses leaves the records as they were.
+    #[test]
+    fn records_hold_the_bytes_encode_writes_without_copying_large_payloads() {
+        let entries = [
+            EntryPayload::Blank,
+            normal(SPLICE_BYTES_MIN - 1, 1),
+            normal(SPLICE_BYTES_MIN, 2),
+            normal(300_000, 3),
+            EntryPayload::Membership(crate::golden::membership(&[1, 2])),
+            normal(5, 4),
+            normal(70_000, 5),
+        ];
+        let mut plain = Vec::new();
+        let mut records = Records::with_capacity(0);
+        for (i, p) in entries.iter().enumerate() {
+            let id = crate::types::log_id(4, 1, 100 + i as u64);
+            encode(&mut plain, &id, p).unwrap();
+            records.push(&id, p).unwrap();
+            assert_eq!(records.len(), plain.len(), "after entry {i}");
+        }
+        let pieces: Vec<&[u8]> = records.slices().collect();
+        assert_eq!(pieces.concat(), plain);
+        // The three large payloads are pieces of their own, the entries' own bytes.
+        let large: Vec<&Bytes> = entries
+            .iter()
+            .filter_map(|p| match p {
+                EntryPayload::Normal(p) if p.0.len() >= SPLICE_BYTES_MIN => Some(&p.0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(large.len(), 3);
+        for b in large {
+            assert!(
+                pieces
+                    .iter()
+                    .any(|s| s.as_ptr() == b.as_ptr() && s.len() == b.len())
+            );
+        }
+        // Too large an entry: refused, and the records are unchanged.
+        let err = records
+            .push(
+                &crate::types::log_id(4, 1, 200),
+                &normal(PAYLOAD_BYTES_MAX as usize, 6),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+        assert_eq!(records.len(), plain.len());
+        assert_eq!(records.slices().collect::<Vec<_>>().concat(), plain);
+        records.clear();
+        assert!(records.is_empty());
+        assert_eq!(records.slices().count(), 0);
     }
 }
 
@@ -175,6 +393,9 @@ mod golden {
             let mut buf = Vec::new();
             encode(&mut buf, &id, &payload).unwrap();
             assert_eq!(hex(&buf), golden, "{payload:?}");
+            let mut records = Records::default();
+            records.push(&id, &payload).unwrap();
+            assert_eq!(hex(&records.slices().collect::<Vec<_>>().concat()), golden);
             let h = Header::parse(buf[..HEADER_BYTES].try_into().unwrap());
             assert_eq!(h.log_id(), id);
             assert_eq!(h.record_len() as usize, buf.len());

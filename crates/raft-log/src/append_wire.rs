@@ -10,7 +10,6 @@
 use bytes::BufMut;
 use futures::Stream;
 use openraft::raft::AppendEntriesRequest;
-use postcard::ser_flavors::Flavor;
 use prost::Message as _;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use raftmq_proto::codec::ReservingCodec;
@@ -20,6 +19,8 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tonic::{GrpcMethod, Response, Status};
 
+use crate::encoding::BufFlavor;
+use crate::network::PEER_MESSAGE_BYTES_MAX;
 use crate::types::TypeConfig;
 
 /// `RaftRequest`'s field numbers (`proto/raftmq/v1/raft.proto`).
@@ -77,7 +78,7 @@ impl OutgoingAppend {
         if self.payload_len > 0 {
             encode_key(PAYLOAD_FIELD, WireType::LengthDelimited, buf);
             encode_varint(self.payload_len as u64, buf);
-            postcard::serialize_with_flavor(&self.req, Into(buf))?;
+            postcard::serialize_with_flavor(&self.req, BufFlavor(buf))?;
         }
         Ok(())
     }
@@ -86,29 +87,6 @@ impl OutgoingAppend {
 /// The length of a field's key (its number and wire type).
 fn key_len(field: u32) -> usize {
     encoded_len_varint(u64::from(field << 3))
-}
-
-/// postcard writing into a `BufMut`.
-struct Into<'a, B>(&'a mut B);
-
-impl<B: BufMut> Flavor for Into<'_, B> {
-    type Output = ();
-
-    #[inline]
-    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.put_slice(data);
-        Ok(())
-    }
-
-    #[inline]
-    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.put_u8(data);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<()> {
-        Ok(())
-    }
 }
 
 /// The codec of a leader's append stream: [`OutgoingAppend`]s out, `RaftReply`s in (decoded as
@@ -144,9 +122,6 @@ impl Encoder for AppendEncoder {
     }
 }
 
-/// The largest request or reply of a peer's append stream (as every peer client allows).
-const MESSAGE_BYTES_MAX: usize = 256 << 20;
-
 /// Opens a follower's `AppendStream` (what the generated client's `append_stream` does, with
 /// [`AppendCodec`]).
 pub(crate) async fn open_stream(
@@ -154,8 +129,8 @@ pub(crate) async fn open_stream(
     requests: impl Stream<Item = OutgoingAppend> + Send + 'static,
 ) -> Result<Response<Streaming<RaftReply>>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(MESSAGE_BYTES_MAX)
-        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+        .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX);
     grpc.ready()
         .await
         .map_err(|e| Status::unknown(format!("peer channel not ready: {e}")))?;

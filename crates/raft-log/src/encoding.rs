@@ -13,37 +13,43 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
 use postcard::ser_flavors::Flavor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-struct VecFlavor(Vec<u8>);
+/// postcard appending to a `BufMut` (a `Vec<u8>`, gRPC's encode buffer), a byte string with one
+/// copy.
+pub(crate) struct BufFlavor<'a, B>(pub(crate) &'a mut B);
 
-impl Flavor for VecFlavor {
-    type Output = Vec<u8>;
+impl<B: BufMut> Flavor for BufFlavor<'_, B> {
+    type Output = ();
 
     #[inline]
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(data);
+        self.0.put_slice(data);
         Ok(())
     }
 
     #[inline]
     fn try_push(&mut self, data: u8) -> postcard::Result<()> {
-        self.0.push(data);
+        self.0.put_u8(data);
         Ok(())
     }
 
-    fn finalize(self) -> postcard::Result<Vec<u8>> {
-        Ok(self.0)
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
     }
 }
 
 /// Appends the postcard encoding of `v` to `out` and returns it: the bytes `postcard::to_extend`
 /// would append.
-pub fn postcard_extend<T: Serialize + ?Sized>(v: &T, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-    postcard::serialize_with_flavor(v, VecFlavor(out))
+pub fn postcard_extend<T: Serialize + ?Sized>(
+    v: &T,
+    mut out: Vec<u8>,
+) -> postcard::Result<Vec<u8>> {
+    postcard::serialize_with_flavor(v, BufFlavor(&mut out))?;
+    Ok(out)
 }
 
 thread_local! {

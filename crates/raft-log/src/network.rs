@@ -33,6 +33,9 @@ use crate::types::{NodeId, TypeConfig, Vote};
 
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// The largest peer request or reply either side of a peer connection takes.
+pub(crate) const PEER_MESSAGE_BYTES_MAX: usize = 256 << 20;
+
 /// How often a connection to a peer is pinged, idle or not, and how long a ping may go unanswered
 /// before the connection is dropped (the next call dials afresh, resolving the peer's name again).
 /// A follower's connection to a peer sits idle until it leads. When the peer's task moved (an
@@ -274,13 +277,15 @@ enum Kind {
 }
 
 impl PeerClient {
+    /// The peer's channel, or why there is none (its address did not parse).
+    fn channel(&self) -> Result<Channel, Unreachable<TypeConfig>> {
+        self.channel.clone().map_err(unreachable)
+    }
+
     fn client(&self) -> Result<RaftPeerServiceClient<Channel>, RPCError<TypeConfig>> {
-        match &self.channel {
-            Ok(c) => Ok(RaftPeerServiceClient::new(c.clone())
-                .max_decoding_message_size(256 << 20)
-                .max_encoding_message_size(256 << 20)),
-            Err(e) => Err(unreachable(e.clone())),
-        }
+        Ok(RaftPeerServiceClient::new(self.channel()?)
+            .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(PEER_MESSAGE_BYTES_MAX))
     }
 
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
@@ -365,10 +370,7 @@ impl PeerClient {
         S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
     {
         self.backoff().await;
-        let channel = match &self.channel {
-            Ok(c) => c.clone(),
-            Err(e) => return Err(unreachable(e.clone())),
-        };
+        let channel = self.channel()?;
         let ttl = option.hard_ttl();
         let target = self.target;
         // When each request still unanswered was sent and its size, oldest first.
@@ -618,10 +620,8 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
         option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let mut client = match &self.channel {
-            Ok(c) => RaftPeerServiceClient::new(c.clone()).max_decoding_message_size(256 << 20),
-            Err(e) => return Err(unreachable(e.clone())),
-        };
+        let mut client = RaftPeerServiceClient::new(self.channel()?)
+            .max_decoding_message_size(PEER_MESSAGE_BYTES_MAX);
         let meta = encode(&(vote, snapshot.meta.clone()))
             .map_err(network::<StreamingError<TypeConfig>>)?;
         let header = self.me.header();

@@ -5,7 +5,7 @@
 use std::io;
 
 use super::segment::Segment;
-use super::{Inner, LogStore, SyncTarget, payload_len_hint, poisoned, record, sync_dir};
+use super::{Inner, LogStore, SyncTarget, poisoned, record, sync_dir};
 use crate::types::Entry;
 
 impl LogStore {
@@ -17,10 +17,7 @@ impl LogStore {
         let mut buf = record::Records::with_capacity(
             entries
                 .iter()
-                .map(|e| match payload_len_hint(&e.payload) {
-                    n if n >= record::SPLICE_BYTES_MIN => 16,
-                    n => n,
-                } + record::HEADER_BYTES + 16)
+                .map(|e| record::head_bytes_hint(&e.payload))
                 .sum::<usize>()
                 .min(g.segment_bytes_max as usize),
         );

@@ -77,7 +77,9 @@ pub fn checksum(header_tail: &[u8], payload: &[u8]) -> u32 {
     h.finalize()
 }
 
-/// Appends one encoded record to `out`.
+/// Appends one encoded record to `out`: the plain encoding, the reference [`Records`] is tested
+/// against (writes go through `Records`).
+#[cfg(test)]
 pub fn encode(out: &mut Vec<u8>, log_id: &LogId, payload: &EntryPayload) -> std::io::Result<()> {
     let start = out.len();
     out.extend_from_slice(&[0u8; HEADER_BYTES]);
@@ -158,14 +160,10 @@ impl Records {
         header[16..24].copy_from_slice(&log_id.leader_id.term.to_le_bytes());
         header[24..32].copy_from_slice(&log_id.leader_id.node_id.to_le_bytes());
         self.head.extend_from_slice(&header);
-        let big = match payload {
-            EntryPayload::Normal(p) if p.0.len() >= SPLICE_BYTES_MIN => Some(&p.0),
-            _ => None,
-        };
         let flavor = Splice {
             head: &mut self.head,
             spliced: &mut self.spliced,
-            big,
+            big: spliced(payload),
         };
         let done = postcard::serialize_with_flavor(payload, flavor)
             .map_err(std::io::Error::other)
@@ -223,6 +221,26 @@ impl Records {
             }))
             .filter(|s| !s.is_empty())
     }
+}
+
+/// The bytes of `payload` that [`Records`] writes from where they lie: a normal entry's of at least
+/// [`SPLICE_BYTES_MIN`].
+fn spliced(payload: &EntryPayload) -> Option<&Bytes> {
+    match payload {
+        EntryPayload::Normal(p) if p.0.len() >= SPLICE_BYTES_MIN => Some(&p.0),
+        _ => None,
+    }
+}
+
+/// About how many bytes of [`Records`]' own buffer a record of `payload` takes (its header and
+/// what is not spliced), to size the buffer ahead.
+pub fn head_bytes_hint(payload: &EntryPayload) -> usize {
+    let rest = match payload {
+        EntryPayload::Normal(p) if spliced(payload).is_none() => p.0.len(),
+        EntryPayload::Normal(_) => 0,
+        _ => 256,
+    };
+    HEADER_BYTES + 16 + rest
 }
 
 /// postcard writing into a record's head, leaving one byte string (the entry's payload) out.

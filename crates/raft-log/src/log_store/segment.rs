@@ -627,7 +627,8 @@ mod tests {
                 _ => unreachable!(),
             })
             .collect();
-        // One buffer: each payload starts past the one before by its length and a header.
+        // One buffer: each payload starts past the one before by its length, the next header and
+        // the next payload's 3-byte prefix (postcard: the variant, then the length).
         assert_eq!(starts[1] - starts[0], 4000 + HEADER_BYTES + 3);
         assert_eq!(starts[2] - starts[1], 8000 + HEADER_BYTES + 3);
     }

@@ -262,8 +262,8 @@ impl<S: StateMachine> Member<S> {
             started: self.started,
             log: self.reader.clone(),
         })
-        .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20);
+        .max_decoding_message_size(crate::network::PEER_MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(crate::network::PEER_MESSAGE_BYTES_MAX);
         tonic::service::interceptor::InterceptedService::new(
             server,
             crate::server::PeerGuard::new(&self.me, self.tls),

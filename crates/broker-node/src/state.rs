@@ -18,7 +18,7 @@ use raftmq_proto::limits::SINGLE_FLIGHT_SEQUENCE;
 use raftmq_raft_log::encoding::postcard_extend;
 use raftmq_raft_log::state_machine::format;
 
-use crate::command::{BodyView, CommandView, Reply, check_command_format};
+use crate::command::{BodyView, CommandView, Reply, SendPartView, check_command_format};
 use crate::lookup::Lookup;
 use crate::pop::{self, PopState, TAGS_MIXED};
 use crate::runs::{Runs, RunsFrom};
@@ -656,6 +656,7 @@ impl BrokerState {
                         messages.len()
                     ));
                 }
+                self.touch_parts(&parts);
                 let mut at = 0usize;
                 let mut replies = Vec::with_capacity(parts.len());
                 for p in &parts {
@@ -1142,6 +1143,25 @@ impl BrokerState {
     /// The message type of a topic (`raftmq.v1.TopicMessageType` number).
     pub fn topic_type(&self, topic: &str) -> u32 {
         self.topic_types.get(topic).copied().unwrap_or(0)
+    }
+
+    /// Reads, for every part of a `SendMany`, what applying the part reaches first: its producer's
+    /// window, its queue and the queue's newest run. Nothing is decided here (a later part may
+    /// find a window an earlier one changed); the point is the order of the reads. Part by part,
+    /// each lookup waited on its own cache misses (at 1,000 topics × 8 queues, a part per message:
+    /// `producer_duplicate` alone was ~9 % of a leader's samples, on the two loads of a hash-table
+    /// probe); these reads do not depend on one another, so the processor overlaps their misses,
+    /// and the parts then find them in the cache.
+    fn touch_parts(&self, parts: &[SendPartView]) {
+        for p in parts {
+            let window = self.producers.get(&p.producer_id).map(|w| w.max_sequence);
+            let queue = self
+                .topics
+                .get(p.topic)
+                .and_then(|t| t.queues.get(p.queue as usize))
+                .map(|q| (q.next_offset, q.runs.last().map(|r| r.store_ms)));
+            std::hint::black_box((window, queue));
+        }
     }
 
     /// The first store's reply when (`producer_id`, `sequence`) is in the producer's window; a
